@@ -1,0 +1,253 @@
+"""bert.py against its oracles: HF transformers.BertModel hidden states, HF tokenizers, hand-made bad checkpoints."""
+import http.server
+import json
+import threading
+from functools import partial
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+import bert
+from bert import Bert, BertConfig, LoadError, batch_tensors, encode, load_tokenizer, pool, save_checkpoint
+
+
+def tiny_model(cfg, seed=0):
+    torch.manual_seed(seed)
+    return Bert(BertConfig(**cfg))
+
+
+def test_tiny_forward_backward(tiny_config):
+    m = tiny_model(tiny_config).train()
+    ids = torch.randint(1, 120, (3, 10))
+    mask = torch.ones(3, 10, dtype=torch.long)
+    mask[1, 6:] = 0
+    hs = m(ids, mask)
+    assert len(hs) == tiny_config["num_hidden_layers"] + 1
+    assert all(h.shape == (3, 10, 32) for h in hs)
+    hs[-1][:, 0].sum().backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in m.encoder.parameters())
+
+
+def test_padding_does_not_change_real_tokens(tiny_config):
+    m = tiny_model(tiny_config).eval()
+    ids = torch.randint(1, 120, (1, 7))
+    alone = m(ids, torch.ones_like(ids))
+    padded_ids = torch.cat([ids, torch.randint(1, 120, (1, 5))], 1)  # junk, not even pad ids, behind a 0 mask
+    mask = torch.cat([torch.ones(1, 7), torch.zeros(1, 5)], 1).long()
+    padded = m(padded_ids, mask)
+    for a, b in zip(alone, padded):
+        torch.testing.assert_close(a, b[:, :7], atol=1e-6, rtol=0)
+
+
+def test_config_errors(tiny_config):
+    d = dict(tiny_config, model_type="bert", architectures=["BertModel"])  # unknown keys are ignored
+    assert BertConfig.from_dict(d).hidden_size == 32
+    del d["hidden_size"]
+    with pytest.raises(LoadError, match="hidden_size"):
+        BertConfig.from_dict(d, "x/config.json")
+
+
+# -----------------------------------------------------------------------------
+# the real checkpoint
+
+SENTS = ["A man is playing a guitar.", "hello", "", "Two dogs run through a field of tall grass near the old barn.",
+         "Obama signs the bill into law!", "naïve café résumé", "A " * 40]
+
+
+@pytest.fixture(scope="module")
+def minilm(minilm_path):
+    return Bert.from_pretrained(minilm_path), load_tokenizer(minilm_path)
+
+
+@pytest.mark.slow
+def test_hidden_states_match_hf(minilm, minilm_path):
+    transformers = pytest.importorskip("transformers", reason="transformers is the parity oracle (requirements-dev.txt)")
+    model, tok = minilm
+    ids, mask = batch_tensors(tok.encode_batch(SENTS))
+    assert mask.sum(1).unique().numel() > 3  # a padded batch of different lengths
+    for impl in ("eager", "sdpa"):
+        hf = transformers.BertModel.from_pretrained(minilm_path, attn_implementation=impl).eval()
+        with torch.no_grad():
+            ours = model(ids, mask)
+            ref = hf(input_ids=ids, attention_mask=mask, output_hidden_states=True).hidden_states
+        assert len(ours) == len(ref) == 7
+        for k, (a, b) in enumerate(zip(ours, ref)):
+            err = ((a - b).abs() * mask[..., None]).max().item()  # real tokens; padding rows are never read
+            assert err <= 1e-5, f"{impl} layer {k}: max abs diff {err:.2e}"
+
+
+def pretraining_copy(src, dst):
+    """A BertForPreTraining-style file: 'bert.' prefix, gamma/beta, cls.* heads and a position_ids buffer."""
+    sd = {}
+    for k, v in load_file(str(src / "model.safetensors")).items():
+        sd["bert." + k.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta")] = v
+    sd["bert.embeddings.position_ids"] = torch.arange(512)[None]
+    sd["cls.predictions.bias"] = torch.zeros(30522)
+    sd["cls.predictions.transform.dense.weight"] = torch.zeros(384, 384)
+    sd["cls.seq_relationship.weight"] = torch.zeros(2, 384)
+    dst.mkdir()
+    save_file(sd, str(dst / "model.safetensors"))
+    (dst / "config.json").write_text((src / "config.json").read_text())
+    return dst
+
+
+@pytest.mark.slow
+def test_pretraining_layout_loads(minilm, minilm_path, tmp_path):
+    model, tok = minilm
+    other = Bert.from_pretrained(pretraining_copy(minilm_path, tmp_path / "bert-style"))
+    for (k, a), b in zip(model.state_dict().items(), other.state_dict().values()):
+        assert torch.equal(a, b), k
+    ids, mask = batch_tensors(tok.encode_batch(SENTS))
+    with torch.no_grad():
+        assert all(torch.equal(a, b) for a, b in zip(model(ids, mask), other(ids, mask)))
+
+
+@pytest.fixture
+def tiny_folder(tiny_config, tmp_path):
+    m = tiny_model(tiny_config)
+    d = tmp_path / "tiny"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(tiny_config))
+    save_file({k: v.contiguous() for k, v in m.state_dict().items()}, str(d / "model.safetensors"))
+    return d
+
+
+def edit(folder, fn):
+    f = folder / "model.safetensors"
+    sd = load_file(str(f))
+    fn(sd)
+    save_file(sd, str(f))
+    return folder
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda sd: sd.pop("encoder.layer.1.output.dense.weight"), "missing keys: encoder.layer.1.output.dense.weight"),
+    (lambda sd: sd.update({"encoder.layer.0.attention.self.rotary": torch.zeros(3)}),
+     "unexpected keys: encoder.layer.0.attention.self.rotary"),
+    (lambda sd: sd.update({"embeddings.word_embeddings.weight": torch.zeros(99, 32)}),
+     r"wrong shapes: embeddings.word_embeddings.weight \(99, 32\) \(model expects \(120, 32\)\)"),
+    (lambda sd: [sd.pop(k) for k in list(sd) if k.startswith("encoder.layer.1.")], "says 2 layers but the checkpoint has 1"),
+])
+def test_bad_checkpoints_name_the_key(tiny_folder, change, message):
+    edit(tiny_folder, change)
+    with pytest.raises(LoadError, match=message) as e:
+        Bert.from_pretrained(tiny_folder)
+    assert str(tiny_folder / "model.safetensors") in str(e.value)
+
+
+def test_not_safetensors_and_missing_files(tiny_folder, tmp_path):
+    (tiny_folder / "model.safetensors").write_bytes(b"\x00garbage" * 10)
+    with pytest.raises(LoadError, match="model.safetensors: not a valid safetensors file"):
+        Bert.from_pretrained(tiny_folder)
+    (tiny_folder / "model.safetensors").unlink()
+    with pytest.raises(LoadError, match="model.safetensors not found"):
+        Bert.from_pretrained(tiny_folder)
+    with pytest.raises(LoadError, match="nope.safetensors not found"):
+        Bert.from_pretrained(tmp_path / "nope.safetensors")
+
+
+def test_checkpoint_roundtrip_is_bit_exact(tiny_config, tiny_folder, tmp_path):
+    m = Bert.from_pretrained(tiny_folder)
+    tok = bert.wordpiece_from_vocab(write_vocab(tmp_path / "vocab.txt"))
+    save_checkpoint(tmp_path / "sg.safetensors", m, {"tokenizer": tok.to_str(), "args": {"lam": 0.1}})
+    assert not list(tmp_path.glob("*.tmp"))
+    back = Bert.from_pretrained(tmp_path / "sg.safetensors")
+    assert all(torch.equal(a, b) for a, b in zip(m.state_dict().values(), back.state_dict().values()))
+    meta = bert.read_metadata(tmp_path / "sg.safetensors")
+    assert meta["args"] == {"lam": 0.1} and meta["config"] == tiny_config
+    assert load_tokenizer(tmp_path / "sg.safetensors").encode("a b").ids == tok.encode("a b").ids
+
+
+def write_vocab(path):
+    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a", "b", "the", "man", "##s", ".", "play", "##ing"]
+    path.write_text("\n".join(words) + "\n")
+    return path
+
+
+# -----------------------------------------------------------------------------
+# tokenizer and encode
+
+
+@pytest.mark.slow
+def test_tokenizer_matches_hf(minilm_path, shared_data, tmp_path):
+    transformers = pytest.importorskip("transformers", reason="transformers is the tokenizer oracle")
+    lines = (shared_data / "senteval/STS/STS14-en-test/STS.input.deft-forum.txt").read_text(encoding="utf-8").split("\n")
+    sents = [s for line in lines[:150] if line for s in line.split("\t")] + SENTS
+    ref = transformers.AutoTokenizer.from_pretrained(minilm_path)(sents, truncation=True, max_length=128)["input_ids"]
+    assert len(sents) >= 300
+    assert [e.ids for e in load_tokenizer(minilm_path).encode_batch(sents)] == ref
+    # the vocab.txt-only fallback builds the same uncased WordPiece tokenizer
+    only_vocab = tmp_path / "vocab-only"
+    only_vocab.mkdir()
+    (only_vocab / "vocab.txt").write_text((minilm_path / "vocab.txt").read_text())
+    assert [e.ids for e in load_tokenizer(only_vocab).encode_batch(sents)] == ref
+    assert len(load_tokenizer(minilm_path, max_len=16).encode("word " * 100).ids) == 16
+
+
+def test_encode_order_poolings_and_edge_cases(tiny_config, tmp_path):
+    m = tiny_model(tiny_config)
+    tok = bert.wordpiece_from_vocab(write_vocab(tmp_path / "vocab.txt"))
+    sents = ["the man", "", "a b a b a b the man playing", "man .", "the the the the", "b"]
+    for pooling in bert.POOLINGS:
+        for layer in (0, 1, -1):
+            got = encode(m, tok, sents, pooling=pooling, layer=layer, batch_size=2)
+            assert got.dtype == np.float32 and got.shape == (6, 32)
+            for i, s in enumerate(sents):  # one sentence at a time, no padding: the unbatched oracle
+                ids, mask = batch_tensors([tok.encode(s)])
+                with torch.no_grad():
+                    hs = m.eval()(ids)
+                ref = {"cls": hs[layer][0, 0], "mean": hs[layer][0].mean(0), "max": hs[layer][0].max(0).values,
+                       "first-last": (hs[1][0].mean(0) + hs[-1][0].mean(0)) / 2,
+                       "last2": (hs[-2][0].mean(0) + hs[-1][0].mean(0)) / 2}[pooling]
+                np.testing.assert_allclose(got[i], ref.numpy(), atol=1e-5, err_msg=f"{pooling} {layer} {s!r}")
+    assert encode(m, tok, []).shape == (0, 32)
+    with pytest.raises(AssertionError, match="unknown pooling"):
+        encode(m, tok, sents, pooling="avg")
+
+
+def test_pool_masks_padding():
+    hs = [torch.tensor([[[1.0, 5.0], [3.0, -1.0], [100.0, 100.0]]])]
+    mask = torch.tensor([[1, 1, 0]])
+    assert pool(hs, mask, "mean").tolist() == [[2.0, 2.0]]
+    assert pool(hs, mask, "max").tolist() == [[3.0, 5.0]]
+    assert pool(hs, mask, "cls").tolist() == [[1.0, 5.0]]
+
+
+# -----------------------------------------------------------------------------
+# name resolution and download (against a local HTTP server, never the real hub)
+
+
+def test_download_from_hub_layout(tiny_folder, tmp_path, monkeypatch):
+    hub = tmp_path / "hub" / "org" / "tiny" / "resolve" / "main"
+    hub.mkdir(parents=True)
+    for f in ("config.json", "model.safetensors"):
+        (hub / f).write_bytes((tiny_folder / f).read_bytes())
+    write_vocab(hub / "vocab.txt")  # no tokenizer.json on the "hub": the vocab.txt fallback is fetched
+    handler = partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path / "hub"))
+    handler.log_message = lambda *a: None
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setattr(bert, "HF_ENDPOINT", f"http://127.0.0.1:{server.server_port}")
+    monkeypatch.setattr(bert, "WEIGHTS", tmp_path / "weights")
+    try:
+        m = Bert.from_pretrained("org/tiny")
+        tok = load_tokenizer("org/tiny")
+    finally:
+        server.shutdown()
+    assert sorted(p.name for p in (tmp_path / "weights/org/tiny").iterdir()) == ["config.json", "model.safetensors", "vocab.txt"]
+    assert not [p for p in (tmp_path / "weights/org").iterdir() if p.name.startswith(".")]  # no temp folder left
+    assert tok.encode("the man").ids == [2, 7, 8, 3]
+    assert torch.equal(m.embeddings.word_embeddings.weight, Bert.from_pretrained(tiny_folder).embeddings.word_embeddings.weight)
+
+
+def test_offline_name_says_which_folder_to_fill(tmp_path, monkeypatch):
+    monkeypatch.setattr(bert, "HF_ENDPOINT", "http://127.0.0.1:9")  # discard port: connection refused at once
+    monkeypatch.setattr(bert, "WEIGHTS", tmp_path / "weights")
+    with pytest.raises(LoadError) as e:
+        Bert.from_pretrained("bert-base-uncased")
+    msg = str(e.value)
+    assert str(tmp_path / "weights" / "bert-base-uncased") in msg and "model.safetensors" in msg and "config.json" in msg
+    assert not (tmp_path / "weights" / "bert-base-uncased").exists()
+    assert not list((tmp_path / "weights").iterdir())  # no half-written folder
