@@ -1,0 +1,294 @@
+"""
+The data: where the data folder is, the 7 STS evaluation tasks, the unlabelled training sentences, and the download.
+
+The loaders follow SentEval (facebookresearch/SentEval, senteval/sts.py) as SimCSE extended it (princeton-nlp/SimCSE
+SentEval/senteval/sts.py: STS-B and SICK-R read as unsupervised STS tasks on their test split). The folder layout:
+
+    <data dir>/senteval/             SentEval's data/downstream/ folder (STS/, SICK/, ...), SimCSE's senteval.tar
+    <data dir>/stsbenchmark.tsv.gz   all STS-B pairs, what the official SG-BERT code trains on
+
+The data dir is --data-dir, else $SG_DATA, else ./data. `python data.py --download` fetches both.
+"""
+import argparse
+import gzip
+import os
+import shutil
+import sys
+import tarfile
+import tempfile
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+
+SENTEVAL_URL = "https://huggingface.co/datasets/princeton-nlp/datasets-for-simcse/resolve/main/senteval.tar"
+STSB_URL = "https://sbert.net/datasets/stsbenchmark.tsv.gz"
+STSB_FILE = "stsbenchmark.tsv.gz"
+TASKS = ["STS12", "STS13", "STS14", "STS15", "STS16", "STSBenchmark", "SICKRelatedness"]
+
+# Scored pairs per task and subset, as the data README counts them. The STS12-16 keys are also the subset lists
+# (STS13 has no SMT: its licence forbids passing it on, and SentEval leaves it out too). download() checks these.
+COUNTS = {
+    "STS12": {"MSRpar": 750, "MSRvid": 750, "SMTeuroparl": 459, "surprise.OnWN": 750, "surprise.SMTnews": 399},
+    "STS13": {"FNWN": 189, "headlines": 750, "OnWN": 561},
+    "STS14": {"deft-forum": 450, "deft-news": 300, "headlines": 750, "images": 750, "OnWN": 750, "tweet-news": 750},
+    "STS15": {"answers-forums": 375, "answers-students": 750, "belief": 375, "headlines": 750, "images": 750},
+    "STS16": {"answer-answer": 254, "headlines": 249, "plagiarism": 230, "postediting": 244,
+              "question-question": 209},
+    "STSBenchmark": {"train": 5749, "dev": 1500, "test": 1379},
+    "SICKRelatedness": {"test": 4927},
+    STSB_FILE: {"train": 5749, "dev": 1500, "test": 1379},
+}
+
+
+class DataError(Exception):
+    """Missing or malformed data; the message names the path and says what to do."""
+
+
+def how_to_get(d):
+    return (f"run `python data.py --download --data-dir {d}`, or set SG_DATA / --data-dir to a folder that holds "
+            f"senteval/ (SentEval's processed data/downstream/ folder, e.g. SimCSE's senteval.tar) and {STSB_FILE}")
+
+
+def resolve_data_dir(arg=None, fetch=True):
+    """The data folder: arg (--data-dir), else $SG_DATA, else ./data. When it lacks senteval/ or stsbenchmark.tsv.gz,
+    fetch it (fetch=True) or raise DataError saying where we looked and how to get it."""
+    d = Path(arg or os.environ.get("SG_DATA") or "data")
+    if (d / "senteval").is_dir() and (d / STSB_FILE).is_file():
+        return d
+    if fetch:
+        print(f"data folder {d} is missing or incomplete (no senteval/ or {STSB_FILE}): downloading it", file=sys.stderr)
+        download(d)
+        return d
+    source = "--data-dir" if arg else "$SG_DATA" if os.environ.get("SG_DATA") else "the default ./data"
+    raise DataError(f"no data at {d.resolve()} (from {source}): {how_to_get(d)}")
+
+# -----------------------------------------------------------------------------
+# reading files
+
+
+def read_lines(path, data_dir=None):
+    """Lines of a UTF-8 file, split on '\\n' only (str.splitlines would also split on characters such as U+0085 or
+    U+2028 inside a sentence), with a BOM and CR line ends removed."""
+    path = Path(path)
+    if not path.is_file():
+        where = f" (the data folder {data_dir} is incomplete: {how_to_get(data_dir)})" if data_dir else ""
+        raise DataError(f"{path} not found{where}")
+    try:
+        text = path.read_bytes().decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = path.read_bytes()[:e.start].count(b"\n") + 1
+        raise DataError(f"{path}:{line}: not valid UTF-8") from None
+    return split_lines(text)
+
+
+def split_lines(text):
+    lines = [line.removesuffix("\r") for line in text.split("\n")]
+    return lines[:-1] if lines and lines[-1] == "" else lines
+
+
+def read_stsb_tsv(path):
+    """Rows of stsbenchmark.tsv.gz after its header (split genre dataset year sid score sentence1 sentence2; CR LF)."""
+    if not Path(path).is_file():
+        raise DataError(f"{path} not found: {how_to_get(Path(path).parent)}")
+    with gzip.open(path, "rb") as f:
+        rows = [r.split("\t") for r in split_lines(f.read().decode("utf-8"))[1:]]
+    bad = [i + 2 for i, r in enumerate(rows) if len(r) != 8]
+    if bad:
+        raise DataError(f"{path}: line {bad[0]} does not have the 8 tab-separated columns of the header")
+    return rows
+
+
+def sts_subset(folder, subset):
+    """SentEval's STS loader for one subset: STS.input.<subset>.txt (sentence TAB sentence) aligned line by line with
+    STS.gs.<subset>.txt; the pairs whose gold line is empty are unscored and dropped."""
+    inp, gs = folder / f"STS.input.{subset}.txt", folder / f"STS.gs.{subset}.txt"
+    pairs, gold = read_lines(inp, folder.parents[2]), read_lines(gs, folder.parents[2])
+    if len(pairs) != len(gold):
+        raise DataError(f"{inp} has {len(pairs)} lines but {gs} has {len(gold)}: they must align line by line")
+    s1, s2, y = [], [], []
+    for i, (p, g) in enumerate(zip(pairs, gold)):
+        if not g.strip():
+            continue
+        cols = p.split("\t")
+        if len(cols) != 2:
+            raise DataError(f"{inp}:{i + 1}: expected 2 tab-separated sentences, found {len(cols)} fields")
+        s1.append(cols[0])
+        s2.append(cols[1])
+        y.append(parse_score(g, gs, i + 1))
+    return s1, s2, np.array(y, dtype=np.float64)
+
+
+def parse_score(s, path, line):
+    try:
+        return float(s)
+    except ValueError:
+        raise DataError(f"{path}:{line}: gold score {s.strip()!r} is not a number") from None
+
+
+def load_stsb(split, data_dir):
+    """STS-B pairs of one split from senteval/STS/STSBenchmark/sts-<split>.csv: tab-separated, 7 columns
+    (genre, dataset, year, id, score, sentence 1, sentence 2) -> (s1, s2, gold)."""
+    assert split in ("train", "dev", "test"), f"STS-B split must be train, dev or test, not {split!r}"
+    path = Path(data_dir) / "senteval" / "STS" / "STSBenchmark" / f"sts-{split}.csv"
+    s1, s2, y = [], [], []
+    for i, line in enumerate(read_lines(path, data_dir)):
+        cols = line.split("\t")
+        if len(cols) < 7:
+            raise DataError(f"{path}:{i + 1}: expected 7 tab-separated columns, found {len(cols)}")
+        s1.append(cols[5])
+        s2.append(cols[6])
+        y.append(parse_score(cols[4], path, i + 1))
+    return s1, s2, np.array(y, dtype=np.float64)
+
+
+def load_sick(data_dir):
+    """SICK-R test pairs from senteval/SICK/SICK_test_annotated.txt: a header, then pair_ID, sentence_A, sentence_B,
+    relatedness_score, entailment_judgment (CR LF line ends in the official release)."""
+    path = Path(data_dir) / "senteval" / "SICK" / "SICK_test_annotated.txt"
+    lines = [line.strip() for line in read_lines(path, data_dir)]
+    s1, s2, y = [], [], []
+    for i, line in enumerate(lines[1:], start=2):
+        cols = line.split("\t")
+        if len(cols) < 4:
+            raise DataError(f"{path}:{i}: expected 5 tab-separated columns, found {len(cols)}")
+        s1.append(cols[1])
+        s2.append(cols[2])
+        y.append(parse_score(cols[3], path, i))
+    return s1, s2, np.array(y, dtype=np.float64)
+
+
+def load_task(name, data_dir):
+    """One evaluation task -> {subset: (sents1, sents2, gold float64)}; STS-B and SICK-R: one subset, the test split."""
+    if name == "STSBenchmark":
+        return {"test": load_stsb("test", data_dir)}
+    if name == "SICKRelatedness":
+        return {"test": load_sick(data_dir)}
+    if name not in TASKS:
+        raise DataError(f"unknown task {name!r}: use one of {', '.join(TASKS)}")
+    folder = Path(data_dir) / "senteval" / "STS" / f"{name}-en-test"
+    return {subset: sts_subset(folder, subset) for subset in COUNTS[name]}
+
+
+def training_sentences(spec, data_dir=None):
+    """Unlabelled training sentences. "stsb": both sentences of every row of stsbenchmark.tsv.gz (train, dev and test:
+    17,256 sentences, what the official code trains on). Otherwise a UTF-8 text file, one sentence per line."""
+    if spec == "stsb":
+        return [s for r in read_stsb_tsv(Path(data_dir) / STSB_FILE) for s in (r[6], r[7])]
+    path = Path(spec)
+    if not path.is_file():
+        raise DataError(f"training data {path} not found: give 'stsb' or a UTF-8 text file with one sentence per line")
+    sents = []
+    for i, raw in enumerate(path.read_bytes().split(b"\n")):
+        try:
+            line = raw.decode("utf-8-sig" if i == 0 else "utf-8").strip()
+        except UnicodeDecodeError:
+            raise DataError(f"{path}:{i + 1}: line is not valid UTF-8 (save the file as UTF-8)") from None
+        if line:
+            sents.append(line)
+    if not sents:
+        raise DataError(f"{path}: no sentences (the file is empty or blank)")
+    return sents
+
+# -----------------------------------------------------------------------------
+# download
+
+
+def data_counts(data_dir, parts=("senteval", STSB_FILE)):
+    """Scored pairs per task and subset found in a data folder, shaped like COUNTS (only the keys of `parts`)."""
+    out = {}
+    if "senteval" in parts:
+        for name in TASKS[:5]:
+            out[name] = {k: len(v[2]) for k, v in load_task(name, data_dir).items()}
+        out["STSBenchmark"] = {s: len(load_stsb(s, data_dir)[2]) for s in ("train", "dev", "test")}
+        out["SICKRelatedness"] = {"test": len(load_sick(data_dir)[2])}
+    if STSB_FILE in parts:
+        splits = [r[0] for r in read_stsb_tsv(Path(data_dir) / STSB_FILE)]
+        out[STSB_FILE] = {s: splits.count(s) for s in dict.fromkeys(splits)}
+    return out
+
+
+def fetch(url, path):
+    """Stream url to path with a one-line progress display on stderr."""
+    with urllib.request.urlopen(url, timeout=30) as r, open(path, "wb") as f:
+        total, done = int(r.headers.get("Content-Length") or 0), 0
+        while chunk := r.read(1 << 20):
+            f.write(chunk)
+            done += len(chunk)
+            size = f"{done / 1e6:.1f}/{total / 1e6:.1f} MB" if total else f"{done / 1e6:.1f} MB"
+            print(f"\rdownloading {url}: {size}", end="", file=sys.stderr, flush=True)
+    print(file=sys.stderr)
+
+
+def unpack_senteval(tar_path, dest):
+    """Extract the folder of the tar that holds STS/ and SICK/ (SimCSE's tar has it as downstream/, SentEval's as
+    SentEval/data/downstream/) to dest."""
+    marker = "STS/STSBenchmark/sts-test.csv"
+    with tarfile.open(tar_path) as tar:
+        names = tar.getnames()
+        root = next((n[:-len(marker)] for n in names if n == marker or n.endswith("/" + marker)), None)
+        if root is None or not any(n.startswith(root + "SICK/") for n in names):
+            raise DataError(f"{tar_path}: no folder with STS/ and SICK/ inside the tar (not SentEval's data)")
+        members = [m for m in tar.getmembers() if m.name.startswith(root) and m.name != root.rstrip("/")]
+        tar.extractall(dest.parent / "unpack", members=members, filter="data")
+    (dest.parent / "unpack" / root).rename(dest)
+
+
+def download(data_dir, senteval_url=SENTEVAL_URL, stsb_url=STSB_URL, counts=COUNTS):
+    """Fetch what data_dir lacks (senteval/, stsbenchmark.tsv.gz) into a temp folder beside it, check the layout and
+    the pair counts, then rename into place: a failure never leaves a half-written data folder."""
+    d = Path(data_dir)
+    parts = [p for p in ("senteval", STSB_FILE) if not (d / p).exists()]
+    if not parts:
+        print(f"{d} already holds senteval/ and {STSB_FILE}: nothing to download", file=sys.stderr)
+        return d
+    d.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{d.name}-download-", dir=d.parent))
+    try:
+        try:
+            if "senteval" in parts:
+                fetch(senteval_url, tmp / "senteval.tar")
+                unpack_senteval(tmp / "senteval.tar", tmp / "senteval")
+            if STSB_FILE in parts:
+                fetch(stsb_url, tmp / STSB_FILE)
+        except OSError as e:  # urllib.error.URLError is an OSError, so are disk errors
+            raise DataError(f"download failed ({e}). Without a network, put SentEval's processed data folder "
+                            f"(data/downstream/ of SentEval, or downstream/ from SimCSE's senteval.tar at "
+                            f"{senteval_url}) at {d / 'senteval'} and {stsb_url} at {d / STSB_FILE}, or point --data-dir / "
+                            "SG_DATA to a folder that holds them") from None
+        except tarfile.TarError as e:
+            raise DataError(f"{senteval_url}: not a readable tar ({e})") from None
+        try:
+            found = data_counts(tmp, parts)
+        except DataError as e:
+            raise DataError(f"the downloaded data is not usable: {e}") from None
+        want = {k: v for k, v in counts.items() if (STSB_FILE if k == STSB_FILE else "senteval") in parts}
+        if found != want:
+            diff = [f"{k}: {found.get(k)} (expected {want.get(k)})" for k in {**want, **found}
+                    if found.get(k) != want.get(k)]
+            raise DataError(f"downloaded data has unexpected pair counts, not used: {'; '.join(diff)}")
+        if d.exists():  # fill in what is missing; each rename is atomic and all parts were checked before the first
+            for p in parts:
+                (tmp / p).rename(d / p)
+        else:
+            (tmp / "senteval.tar").unlink(missing_ok=True)
+            shutil.rmtree(tmp / "unpack", ignore_errors=True)
+            tmp.chmod(0o755)  # mkdtemp made it private
+            tmp.rename(d)
+        print(f"data ready in {d}", file=sys.stderr)
+        return d
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.strip().split("\n")[0])
+    parser.add_argument("--download", action="store_true", help="fetch senteval/ and stsbenchmark.tsv.gz")
+    parser.add_argument("--data-dir", default=None, help="data folder (default: $SG_DATA, else ./data)")
+    args = parser.parse_args()
+    if not args.download:
+        parser.error("nothing to do: pass --download")
+    try:
+        download(Path(args.data_dir or os.environ.get("SG_DATA") or "data"))
+    except DataError as e:
+        sys.exit(f"error: {e}")

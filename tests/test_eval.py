@@ -1,0 +1,447 @@
+"""Tests of data.py and evaluate.py: hand-computed protocols, file quirks, the download, and the real data's counts."""
+import contextlib
+import functools
+import gzip
+import http.server
+import json
+import math
+import os
+import subprocess
+import sys
+import tarfile
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import spearmanr
+
+import bert
+import data
+import evaluate
+from data import STSB_FILE, DataError
+
+ROOT = Path(__file__).resolve().parents[1]
+HEADER_STSB = "split\tgenre\tdataset\tyear\tsid\tscore\tsentence1\tsentence2"
+
+# STS13 by hand: (cosine similarities, gold) per subset, chosen so that all, wmean and mean differ.
+#   Spearmans: FNWN +1 (same order), headlines -0.8 (ranks [4,3,2,1] vs [1,3,2,4]: sum d^2 = 18), OnWN +1 (2 pairs)
+#   mean  = (1 - 0.8 + 1) / 3          = 0.4 -> 40
+#   wmean = (3*1 + 4*(-0.8) + 2*1) / 9  = 0.2 -> 20
+#   all: sims ranks [1,2,3,9,8,7,6,4,5], gold ranks [2,4,6,3,7,5,8,1,9], sum d^2 = 84, 1 - 6*84/(9*80) = 0.3 -> 30
+HAND = {"FNWN": ([.1, .2, .3], [1, 2, 3]),
+        "headlines": ([.9, .8, .7, .6], [1.5, 3.5, 2.5, 4.5]),
+        "OnWN": ([.4, .5], [0.5, 5.0])}
+HAND_EXPECTED = {"all": 30.0, "wmean": 20.0, "mean": 40.0}
+# STS-B test: sims ranks [1,4,2,3] vs gold [1,2,3,4]: sum d^2 = 6 -> 1 - 36/60 = 0.4; SICK-R: [3,1,2] vs [1,2,3] -> -0.5
+STSB_TEST = ([.1, .4, .2, .3], [1, 2, 3, 4])
+SICK_TEST = ([.3, .1, .2], [1, 2, 3])
+GENERIC = ([.1, .3, .2], [1, 2, 4])  # every other STS subset, plus one unscored pair
+
+
+def write_tiny_data(root):
+    """A whole data folder in the real layout with a few pairs per subset. Every scored pair is ("anchor", a unique
+    sentence); vec maps each sentence to a 2-d vector whose cosine with the anchor's is the pair's chosen similarity.
+    Returns (counts shaped like data.COUNTS, vec)."""
+    vec, n = {"anchor": np.array([2.0, 0.0])}, [0]
+
+    def pair(sim):
+        s = f"w{n[0] // 10} x{n[0] % 10}"
+        n[0] += 1
+        vec[s] = 3 * np.array([sim, math.sqrt(1 - sim ** 2)])
+        return "anchor", s
+
+    def write(path, lines, bom=False, eol="\n"):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(((b"\xef\xbb\xbf" if bom else b"") + "".join(x + eol for x in lines).encode()))
+
+    counts = {}
+    for task, subsets in data.COUNTS.items():
+        if task not in data.TASKS[:5]:
+            continue
+        counts[task] = {}
+        for subset in subsets:
+            sims, gold = HAND[subset] if task == "STS13" else GENERIC
+            pairs = ["\t".join(pair(s)) for s in sims]
+            golds = [str(g) for g in gold]
+            if task != "STS13":  # an unscored pair in the middle: its sentences must never be encoded
+                pairs.insert(1, "unscored left\tunscored right")
+                golds.insert(1, "")
+            quirky = dict(bom=True, eol="\r\n") if (task, subset) == ("STS14", "deft-forum") else {}
+            folder = root / "senteval" / "STS" / f"{task}-en-test"
+            write(folder / f"STS.input.{subset}.txt", pairs, **quirky)
+            write(folder / f"STS.gs.{subset}.txt", golds, **quirky)
+            counts[task][subset] = len(sims)
+    tsv, stsb = [HEADER_STSB], {}
+    for split, (sims, gold) in {"train": GENERIC, "dev": GENERIC, "test": STSB_TEST}.items():
+        rows = [f"main-captions\tMSRvid\t2012test\t{i:04d}\t{g:.3f}\t" + "\t".join(pair(s))
+                for i, (s, g) in enumerate(zip(sims, gold))]
+        write(root / "senteval" / "STS" / "STSBenchmark" / f"sts-{split}.csv", rows)
+        tsv += [f"{split}\t{r}" for r in rows]
+        stsb[split] = len(rows)
+    sick = ["pair_ID\tsentence_A\tsentence_B\trelatedness_score\tentailment_judgment"]
+    sick += [f"{i}\t" + "\t".join(pair(s)) + f"\t{g}\tNEUTRAL" for i, (s, g) in enumerate(zip(*SICK_TEST))]
+    write(root / "senteval" / "SICK" / "SICK_test_annotated.txt", sick, bom=True, eol="\r\n")
+    with gzip.open(root / STSB_FILE, "wt", encoding="utf-8") as f:
+        f.write("".join(x + "\r\n" for x in tsv))  # CR LF, like the real file
+    counts.update({"STSBenchmark": dict(stsb), "SICKRelatedness": {"test": len(SICK_TEST[0])}, STSB_FILE: stsb})
+    return counts, vec
+
+
+@pytest.fixture
+def tiny_data(tmp_path):
+    counts, vec = write_tiny_data(tmp_path / "data")
+    return tmp_path / "data", counts, vec
+
+
+@pytest.fixture
+def tiny_model(tmp_path, tiny_config):
+    """A random tiny BERT saved as a model folder (config.json, model.safetensors, vocab.txt)."""
+    from safetensors.torch import save_file
+    torch.manual_seed(0)
+    model = bert.Bert(bert.BertConfig(**tiny_config)).eval()
+    folder = tmp_path / "tiny-bert"
+    folder.mkdir()
+    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "anchor", "unscored", "left", "right"]
+    words += [f"w{i}" for i in range(10)] + [f"x{i}" for i in range(10)]
+    (folder / "vocab.txt").write_text("\n".join(words) + "\n")
+    (folder / "config.json").write_text(json.dumps(tiny_config))
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(folder / "model.safetensors"))
+    return folder
+
+
+def run_cli(*args, env=None):
+    return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, **(env or {})})
+
+
+def assert_one_line_error(r, *words):
+    assert r.returncode != 0, r.stdout
+    assert "Traceback" not in r.stderr, r.stderr
+    last = r.stderr.strip().split("\n")[-1]
+    assert last.startswith("error: "), r.stderr
+    for w in words:
+        assert w in last, (w, last)
+    return last
+
+# -----------------------------------------------------------------------------
+# protocols and the evaluation pipeline
+
+
+def test_protocols_by_hand():
+    table = evaluate.spearman_table({k: (np.array(s), np.array(g, float)) for k, (s, g) in HAND.items()})
+    assert table == pytest.approx(HAND_EXPECTED, abs=1e-9)
+    # the same numbers straight from scipy
+    rhos = [100 * spearmanr(s, g).statistic for s, g in HAND.values()]
+    allx = np.concatenate([s for s, _ in HAND.values()])
+    ally = np.concatenate([g for _, g in HAND.values()])
+    assert table["all"] == pytest.approx(100 * spearmanr(allx, ally).statistic)
+    assert table["wmean"] == pytest.approx(np.average(rhos, weights=[3, 4, 2]))
+    assert table["mean"] == pytest.approx(np.mean(rhos))
+
+
+def test_cosine_vs_torch():
+    a, b = np.random.default_rng(0).normal(size=(2, 50, 16)).astype(np.float32)
+    ref = torch.nn.functional.cosine_similarity(torch.from_numpy(a).double(), torch.from_numpy(b).double())
+    np.testing.assert_allclose(evaluate.cosine(a, b), ref.numpy(), atol=1e-12)
+
+
+def test_evaluate_model_hand_values(tiny_data, monkeypatch):
+    root, _, vec = tiny_data
+    calls = []
+
+    def fake_encode(model, tokenizer, sentences, pooling="cls", layer=-1, batch_size=64):
+        calls.append(list(sentences))
+        assert len(set(sentences)) == len(sentences), "a sentence was encoded twice"
+        return np.stack([vec[s] for s in sentences]).astype(np.float32)  # KeyError = an unscored pair was encoded
+
+    monkeypatch.setattr(bert, "encode", fake_encode)
+    tasks = data.TASKS
+    res = evaluate.evaluate_model(None, None, tasks, root)
+    assert len(calls) == len(tasks)  # one encode call per task, over its distinct sentences
+    assert calls[1].count("anchor") == 1 and len(calls[1]) == 1 + 9  # STS13: the anchor once, then 9 partners
+    assert res["STS13"] == pytest.approx(HAND_EXPECTED, abs=1e-9)
+    for name, value in (("STSBenchmark", 40.0), ("SICKRelatedness", -50.0)):
+        assert res[name] == pytest.approx({p: value for p in evaluate.PROTOCOLS}, abs=1e-9)
+    generic = 100 * spearmanr(*GENERIC).statistic  # every subset equal: all = wmean = mean = that
+    assert res["STS12"] == pytest.approx({p: generic for p in evaluate.PROTOCOLS}, abs=1e-9)
+    for p in evaluate.PROTOCOLS:
+        assert res["avg"][p] == pytest.approx(np.mean([res[t][p] for t in tasks]))
+    assert res["pooling"] == "cls" and res["sentences"] == sum(map(len, calls))
+
+
+def test_evaluate_model_vs_pairwise_oracle(tiny_data, tiny_model):
+    """A real (random) model: evaluate_model's dedup + mapping + protocols vs encoding every pair on its own."""
+    root = tiny_data[0]
+    model, tok = bert.Bert.from_pretrained(tiny_model), bert.load_tokenizer(tiny_model)
+    res = evaluate.evaluate_model(model, tok, data.TASKS, root, pooling="mean", layer=1)
+    for name in data.TASKS:
+        sims, golds = [], []
+        for s1, s2, gold in data.load_task(name, root).values():
+            e1, e2 = (torch.from_numpy(bert.encode(model, tok, s, pooling="mean", layer=1, batch_size=1)) for s in (s1, s2))
+            sims.append(torch.nn.functional.cosine_similarity(e1.double(), e2.double()).numpy())
+            golds.append(gold)
+        rhos = [100 * spearmanr(s, g).statistic for s, g in zip(sims, golds)]
+        assert res[name]["all"] == pytest.approx(100 * spearmanr(np.concatenate(sims), np.concatenate(golds)).statistic)
+        assert res[name]["wmean"] == pytest.approx(np.average(rhos, weights=[len(g) for g in golds]))
+        assert res[name]["mean"] == pytest.approx(np.mean(rhos))
+    test = evaluate.stsb_spearman(model, tok, root, split="test", pooling="mean")
+    assert test == pytest.approx(evaluate.evaluate_model(model, tok, ["STSBenchmark"], root, "mean")["avg"]["all"])
+
+
+def test_encode_layers_matches_encode(tiny_model):
+    model, tok = bert.Bert.from_pretrained(tiny_model), bert.load_tokenizer(tiny_model)
+    sents = ["anchor", "w1 x2 w3", "left right", "w9 " * 20, "x1"]
+    out = evaluate.encode_layers(model, tok, sents, batch_size=2)
+    assert len(out) == 3 * (model.config.num_hidden_layers + 1)
+    for (p, k), emb in out.items():
+        np.testing.assert_allclose(emb, bert.encode(model, tok, sents, pooling=p, layer=k, batch_size=2), atol=1e-6)
+
+
+def test_cli_json_and_layerwise(tiny_data, tiny_model, tmp_path, capsys):
+    root = tiny_data[0]
+    out = tmp_path / "r.json"
+    evaluate.main(["--model", str(tiny_model), "--data-dir", str(root), "--json", str(out), "--tasks", "STS13", "SICK-R"])
+    res = json.loads(out.read_text())
+    assert set(res) >= {"STS13", "SICKRelatedness", "avg", "model", "pooling", "seconds"}
+    assert set(res["STS13"]) == {"all", "wmean", "mean"}
+    printed = capsys.readouterr().out
+    assert "STS13" in printed and "SICK-R" in printed and "avg" in printed
+
+    evaluate.main(["--model", str(tiny_model), "--data-dir", str(root), "--json", str(out), "--layerwise"])
+    table = json.loads(out.read_text())["layerwise"]
+    model, tok = bert.Bert.from_pretrained(tiny_model), bert.load_tokenizer(tiny_model)
+    s1, s2, gold = data.load_stsb("test", root)
+    for p in ("cls", "mean", "max"):
+        assert len(table[p]) == model.config.num_hidden_layers + 1
+        for k in range(1, model.config.num_hidden_layers + 1):  # layer 0 [CLS] is one constant vector: NaN -> null
+            sims = evaluate.cosine(bert.encode(model, tok, s1, p, k), bert.encode(model, tok, s2, p, k))
+            assert table[p][k] == pytest.approx(100 * spearmanr(sims, gold).statistic, abs=1e-6)
+
+
+def test_plot_needs_matplotlib(tiny_model, tiny_data, capsys):
+    try:
+        import matplotlib  # noqa: F401
+        pytest.skip("matplotlib is installed, so --plot works")
+    except ImportError:
+        pass
+    with pytest.raises(SystemExit) as e:
+        evaluate.main(["--model", str(tiny_model), "--data-dir", str(tiny_data[0]), "--layerwise", "--plot", "x.png"])
+    assert e.value.code == 2 and "matplotlib" in capsys.readouterr().err
+
+# -----------------------------------------------------------------------------
+# data files
+
+
+def test_empty_gold_dropped_and_quirky_files(tiny_data):
+    root = tiny_data[0]
+    sts15 = data.load_task("STS15", root)
+    assert list(sts15) == list(data.COUNTS["STS15"])
+    for s1, s2, gold in sts15.values():
+        assert len(s1) == len(s2) == len(gold) == 3 and "unscored left" not in s1
+        np.testing.assert_array_equal(gold, [1, 2, 4])
+    s1, s2, gold = data.load_task("STS14", root)["deft-forum"]  # BOM + CRLF
+    assert s1 == ["anchor"] * 3 and all("\r" not in s and "\ufeff" not in s for s in s1 + s2)
+    np.testing.assert_array_equal(gold, [1, 2, 4])
+    (s1, s2, gold), = data.load_task("SICKRelatedness", root).values()  # BOM + CRLF + header
+    assert s1 == ["anchor"] * 3 and all("\r" not in s for s in s2) and gold.dtype == np.float64
+    np.testing.assert_array_equal(gold, SICK_TEST[1])
+
+
+def test_sts_misaligned_files_named(tiny_data):
+    root = tiny_data[0]
+    gs = root / "senteval" / "STS" / "STS12-en-test" / "STS.gs.MSRpar.txt"
+    gs.write_text(gs.read_text() + "3.0\n")
+    with pytest.raises(DataError, match="STS.gs.MSRpar.txt"):
+        data.load_task("STS12", root)
+    (root / "senteval" / "SICK" / "SICK_test_annotated.txt").unlink()
+    with pytest.raises(DataError, match="SICK_test_annotated.txt not found"):
+        data.load_task("SICKRelatedness", root)
+
+
+def test_training_sentences(tiny_data, tmp_path):
+    root, counts, _ = tiny_data
+    sents = data.training_sentences("stsb", root)
+    assert len(sents) == 2 * sum(counts[STSB_FILE].values()) and sents[:2] == ["anchor", "w7 x2"]
+    f = tmp_path / "s.txt"
+    f.write_bytes(b"\xef\xbb\xbfFirst one.\r\n\n  \nSecond one.\r\nthird\n")
+    assert data.training_sentences(str(f)) == ["First one.", "Second one.", "third"]
+    f.write_bytes("ok\n\nna\u00efve\n".encode() + b"caf\xe9\n")  # line 4 is Latin-1
+    with pytest.raises(DataError, match=rf"{f.name}:4: .*not valid UTF-8"):
+        data.training_sentences(str(f))
+    f.write_bytes(b"\n \n")
+    with pytest.raises(DataError, match="no sentences"):
+        data.training_sentences(str(f))
+    with pytest.raises(DataError, match="not found"):
+        data.training_sentences(str(tmp_path / "missing.txt"))
+
+
+def test_resolve_data_dir(tiny_data, tmp_path, monkeypatch):
+    root = tiny_data[0]
+    monkeypatch.setenv("SG_DATA", str(root))
+    assert data.resolve_data_dir() == root
+    assert data.resolve_data_dir(str(root)) == root
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("SG_DATA")
+    assert data.resolve_data_dir() == Path("data")  # ./data, which tiny_data wrote in tmp_path
+    with pytest.raises(DataError, match=r"nowhere.*--data-dir.*python data.py --download"):
+        data.resolve_data_dir(str(tmp_path / "nowhere"), fetch=False)
+
+
+def test_missing_data_folder_cli(tmp_path, tiny_model):
+    """No data and no network (a proxy that refuses connections): one line that says what to put where."""
+    env = {"SG_DATA": str(tmp_path / "nodata"), "https_proxy": "http://127.0.0.1:9", "http_proxy": "http://127.0.0.1:9",
+           "no_proxy": ""}
+    r = run_cli("evaluate.py", "--model", str(tiny_model), "--tasks", "STS12", env=env)
+    line = assert_one_line_error(r, str(tmp_path / "nodata" / "senteval"), STSB_FILE)
+    assert r.returncode == 2 and "download failed" in line
+    assert not any(tmp_path.glob("nodata*")) and not any(tmp_path.glob(".nodata*"))  # nothing half-written
+    r = run_cli("data.py", "--download", "--data-dir", str(tmp_path / "nodata"), env=env)
+    assert_one_line_error(r, "download failed")
+
+
+def test_bad_ckpt_cli(tmp_path, tiny_data):
+    r = run_cli("evaluate.py", "--ckpt", str(tmp_path / "nope.safetensors"), "--data-dir", str(tiny_data[0]))
+    assert r.returncode == 2
+    assert_one_line_error(r, "nope.safetensors")
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{garbage")
+    r = run_cli("evaluate.py", "--ckpt", str(bad), "--data-dir", str(tiny_data[0]))
+    assert r.returncode == 2
+    assert_one_line_error(r, "bad.safetensors")
+
+# -----------------------------------------------------------------------------
+# download, against a local HTTP server
+
+
+class Handler(http.server.SimpleHTTPRequestHandler):
+    requested = []
+
+    def log_message(self, *args):
+        Handler.requested.append(self.path)
+
+
+@contextlib.contextmanager
+def serve(folder):
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Handler, directory=str(folder)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture
+def site(tmp_path, monkeypatch):
+    """A folder served over HTTP holding senteval.tar (SentEval/data/downstream/... inside) and stsbenchmark.tsv.gz."""
+    for k in ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"):
+        monkeypatch.delenv(k, raising=False)
+    src, www = tmp_path / "src", tmp_path / "www"
+    counts, _ = write_tiny_data(src)
+    www.mkdir()
+    for name, prefix in (("senteval.tar", "SentEval/data/downstream"), ("flat.tar", "downstream")):
+        with tarfile.open(www / name, "w") as tar:
+            tar.add(src / "senteval", arcname=prefix)
+            tar.add(src / STSB_FILE, arcname="SentEval/README-not-data.txt")  # outside the data folder: not kept
+    (www / STSB_FILE).write_bytes((src / STSB_FILE).read_bytes())
+    with tarfile.open(www / "nosts.tar", "w") as tar:
+        tar.add(src / "senteval" / "SICK", arcname="downstream/SICK")
+    Handler.requested.clear()
+    with serve(www) as url:
+        yield url, src, counts
+
+
+def leftovers(parent):
+    return [p.name for p in parent.iterdir() if "download" in p.name]
+
+
+@pytest.mark.parametrize("tar_name", ["senteval.tar", "flat.tar"])
+def test_download(site, tmp_path, tar_name):
+    url, src, counts = site
+    d = tmp_path / "dl" / "data"
+    data.download(d, senteval_url=f"{url}/{tar_name}", stsb_url=f"{url}/{STSB_FILE}", counts=counts)
+    assert sorted(p.name for p in d.iterdir()) == ["senteval", STSB_FILE]
+    assert data.data_counts(d) == counts
+    for f in (src / "senteval").rglob("*"):
+        if f.is_file():
+            assert (d / f.relative_to(src)).read_bytes() == f.read_bytes(), f
+    assert (d / STSB_FILE).read_bytes() == (src / STSB_FILE).read_bytes()
+    assert leftovers(d.parent) == []
+    assert data.resolve_data_dir(str(d)) == d  # complete now: nothing more is fetched
+
+
+def test_download_fills_in_only_what_is_missing(site, tmp_path):
+    url, src, counts = site
+    d = tmp_path / "partial"
+    d.mkdir()
+    (d / STSB_FILE).write_bytes((src / STSB_FILE).read_bytes())
+    Handler.requested.clear()
+    data.download(d, senteval_url=f"{url}/senteval.tar", stsb_url=f"{url}/{STSB_FILE}", counts=counts)
+    assert Handler.requested == ["/senteval.tar"] and data.data_counts(d) == counts and leftovers(tmp_path) == []
+
+
+def test_download_failures_leave_nothing(site, tmp_path):
+    url, src, counts = site
+    d = tmp_path / "dl" / "data"
+    wrong = {**counts, "STS16": {**counts["STS16"], "plagiarism": 230}}
+    with pytest.raises(DataError, match=r"unexpected pair counts.*STS16.*'plagiarism': 230"):
+        data.download(d, senteval_url=f"{url}/senteval.tar", stsb_url=f"{url}/{STSB_FILE}", counts=wrong)
+    with pytest.raises(DataError, match=r"download failed.*404.*put SentEval"):
+        data.download(d, senteval_url=f"{url}/missing.tar", stsb_url=f"{url}/{STSB_FILE}", counts=counts)
+    with pytest.raises(DataError, match="no folder with STS/ and SICK/"):
+        data.download(d, senteval_url=f"{url}/nosts.tar", stsb_url=f"{url}/{STSB_FILE}", counts=counts)
+    with pytest.raises(DataError, match=r"download failed"):  # the second file fails after the first one arrived
+        data.download(d, senteval_url=f"{url}/senteval.tar", stsb_url=f"{url}/nope.gz", counts=counts)
+    assert not d.exists() and leftovers(d.parent) == []
+
+# -----------------------------------------------------------------------------
+# the real data folder
+
+
+def test_real_data_counts(shared_data):
+    """The pair counts of the data README, restated here as the oracle."""
+    totals = {"STS12": 3108, "STS13": 1500, "STS14": 3750, "STS15": 3000, "STS16": 1186, "STSBenchmark": 1379,
+              "SICKRelatedness": 4927}
+    for name, total in totals.items():
+        subsets = data.load_task(name, shared_data)
+        assert sum(len(g) for _, _, g in subsets.values()) == total, name
+        for s1, s2, gold in subsets.values():
+            assert len(s1) == len(s2) == len(gold) and all(s1) and all(s2)
+            assert gold.min() >= 0 and gold.max() <= 5
+    assert {k: len(v[2]) for k, v in data.load_task("STS15", shared_data).items()} == \
+        {"answers-forums": 375, "answers-students": 750, "belief": 375, "headlines": 750, "images": 750}
+    assert [len(data.load_stsb(s, shared_data)[2]) for s in ("train", "dev", "test")] == [5749, 1500, 1379]
+    assert data.data_counts(shared_data) == data.COUNTS
+    sents = data.training_sentences("stsb", shared_data)
+    assert len(sents) == 17256 and len(set(sents)) == 15487
+
+
+@pytest.mark.slow
+def test_minilm_cli_vs_transformers(minilm_path, tiny_data, tmp_path):
+    """The whole command on the real checkpoint vs an oracle built on HF transformers (mean pooling)."""
+    transformers = pytest.importorskip("transformers")
+    root = tiny_data[0]
+    out = tmp_path / "r.json"
+    r = run_cli("evaluate.py", "--model", str(minilm_path), "--pooling", "mean", "--tasks", "STS13", "STSBenchmark",
+                "--data-dir", str(root), "--json", str(out), "--device", "cpu")
+    assert r.returncode == 0, r.stderr
+    res = json.loads(out.read_text())
+    tok = transformers.AutoTokenizer.from_pretrained(minilm_path)
+    hf = transformers.AutoModel.from_pretrained(minilm_path).eval()
+
+    def embed(sents):
+        x = tok(sents, padding=True, return_tensors="pt")
+        with torch.no_grad():
+            h = hf(**x).last_hidden_state
+        m = x["attention_mask"].unsqueeze(-1).float()
+        return (h * m).sum(1) / m.sum(1)
+
+    for name in ("STS13", "STSBenchmark"):
+        sims, golds = [], []
+        for s1, s2, gold in data.load_task(name, root).values():
+            sims.append(torch.nn.functional.cosine_similarity(embed(s1), embed(s2)).numpy())
+            golds.append(gold)
+        rho = 100 * spearmanr(np.concatenate(sims), np.concatenate(golds)).statistic
+        assert res[name]["all"] == pytest.approx(rho, abs=1e-3), name
