@@ -9,6 +9,7 @@ Attribute names match HF keys, so a BertModel checkpoint loads 1:1.
 
 Shape legend: B = batch size, T = sequence length, H = hidden size, nh = attention heads, hs = H // nh.
 """
+import argparse
 import json
 import os
 import shutil
@@ -420,3 +421,124 @@ def encode(model, tokenizer, sentences, pooling="cls", layer=-1, batch_size=64):
         out[idx] = pool(model(ids, mask), mask, pooling, layer).float().cpu().numpy()
     model.train(was_training)
     return out
+
+# -----------------------------------------------------------------------------
+# export: one folder that is a Hugging Face BertModel checkpoint and a sentence-transformers model at the same time
+
+
+def export(src, out_dir, force=False):
+    """Write a checkpoint (or a model folder / name) to out_dir: config.json + model.safetensors + tokenizer files
+    for transformers, modules.json + CLS Pooling for sentence-transformers, and a README.md. The folder is written
+    beside out_dir under a temp name, then renamed in, so a crash never leaves a half-written model."""
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise FileExistsError(f"{out} exists and is not a folder; choose another OUT_DIR")
+    if out.is_dir() and any(out.iterdir()) and not force:
+        raise FileExistsError(f"{out} is not empty; pass --force to replace it")
+    path = resolve(src)
+    meta = read_metadata(path) if path.suffix == ".safetensors" else {"base_model": str(src)}
+    model, tok = Bert.from_pretrained(path), load_tokenizer(path)
+    cfg, args, best = model.config, meta.get("args") or {}, meta.get("best") or {}
+    max_len = int(args.get("max_len") or min(512, cfg.max_position_embeddings))
+    tok.no_truncation()  # transformers and sentence-transformers truncate per call (model_max_length, max_seq_length)
+    tj = json.loads(tok.to_str())
+    if tj["model"]["type"] != "WordPiece":
+        raise LoadError(f"{path}: the tokenizer is {tj['model']['type']}, not WordPiece; only BERT tokenizers export")
+    vocab = sorted(tok.get_vocab().items(), key=lambda kv: kv[1])  # with the added [CLS] ... tokens, ordered by id
+    assert [i for _, i in vocab] == list(range(len(vocab))), f"{path}: tokenizer ids are not 0..{len(vocab) - 1}"
+    norm = tj.get("normalizer") or {}  # BertNormalizer: lowercase, strip_accents, handle_chinese_chars
+    special = {f"{n}_token": t for n, t in [("unk", "[UNK]"), ("sep", "[SEP]"), ("pad", "[PAD]"), ("cls", "[CLS]"),
+                                            ("mask", "[MASK]")] if tok.token_to_id(t) is not None}
+    files = {
+        "config.json": {"architectures": ["BertModel"], "model_type": "bert", **cfg.to_dict(),
+                        "position_embedding_type": "absolute", "initializer_range": 0.02},
+        "tokenizer.json": tok.to_str(pretty=True),
+        "tokenizer_config.json": {"tokenizer_class": "BertTokenizer", "do_lower_case": bool(norm.get("lowercase")),
+                                  "strip_accents": norm.get("strip_accents"), "do_basic_tokenize": True,
+                                  "tokenize_chinese_chars": norm.get("handle_chinese_chars", True),
+                                  "model_max_length": max_len, **special},
+        "special_tokens_map.json": special,
+        "vocab.txt": "".join(w + "\n" for w, _ in vocab),
+        # sentence-transformers, in the classic layout every version reads (module paths kept as aliases in v3+).
+        # CLS pooling (!!): without 1_Pooling/config.json it silently mean-pools and scores an SG model wrongly.
+        "modules.json": [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+                         {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}],
+        "1_Pooling/config.json": {"word_embedding_dimension": cfg.hidden_size, "pooling_mode_cls_token": True,
+                                  "pooling_mode_mean_tokens": False, "pooling_mode_max_tokens": False,
+                                  "pooling_mode_mean_sqrt_len_tokens": False},
+        "sentence_bert_config.json": {"max_seq_length": max_len, "do_lower_case": False},  # the tokenizer lowercases
+        "config_sentence_transformers.json": {"prompts": {}, "default_prompt_name": None, "similarity_fn_name": "cosine"},
+        "README.md": export_readme(out.name, meta, args, best, cfg, max_len),
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    try:
+        tmp.chmod(0o755)  # mkdtemp makes it private; a model folder is meant to be shared
+        for name, content in files.items():
+            (tmp / name).parent.mkdir(exist_ok=True)
+            text = content if isinstance(content, str) else json.dumps(content, indent=2) + "\n"
+            (tmp / name).write_text(text, encoding="utf-8")
+        # weights + pooler (model.extra) under HF BertModel names; the metadata keeps it a whole sgbert checkpoint too
+        save_checkpoint(tmp / "model.safetensors", model, {**meta, "tokenizer": tok.to_str()})
+        (tmp / "model.safetensors").chmod(0o644)  # save_checkpoint's mkstemp makes it private
+        old = tmp.with_name(tmp.name + "-old")
+        if out.exists():  # --force (or an empty folder): move the old one aside, rename the new in, delete the old
+            out.rename(old)
+        try:
+            tmp.rename(out)
+        except OSError:
+            if old.exists():
+                old.rename(out)  # put the old one back
+            raise
+        shutil.rmtree(old, ignore_errors=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def export_readme(name, meta, args, best, cfg, max_len):
+    trained = f"trained with SG-BERT (self-guided contrastive learning, Kim et al., ACL 2021) from " \
+        f"`{meta.get('base_model', 'an unknown base model')}`" if args else \
+        f"`{meta.get('base_model', 'a BERT model')}` as it is (no SG-BERT training recorded)"
+    lines = [f"# {name}", "", f"A BERT sentence encoder exported by sgbert: {trained}.",
+             f"{cfg.num_hidden_layers} layers, hidden size {cfg.hidden_size}, max {max_len} tokens. The sentence "
+             "vector is the last layer's [CLS] token: no pooler, no normalization; compare vectors with cosine.", ""]
+    if args:
+        lines += ["## Training", "", f"- loss: `{args.get('loss', '?')}`",
+                  "- arguments: " + ", ".join(f"`{k}={v}`" for k, v in args.items())]
+        if "dev" in best:
+            lines += [f"- best STS-B dev Spearman x100: {best['dev']}" + (f" (step {best['step']})" if "step" in best
+                                                                          else "")]
+        lines += [""]
+    lines += ["## Loading", "", "sgbert (`pooling=\"cls\"` matters: other poolings give other vectors):", "```python",
+              "from bert import Bert, load_tokenizer, encode", f"model, tok = Bert.from_pretrained(\"{name}\"), "
+              f"load_tokenizer(\"{name}\")", "vecs = encode(model, tok, sentences, pooling=\"cls\")  # (n, H) float32",
+              "```", "", "transformers (take `last_hidden_state[:, 0]`, not `pooler_output`):", "```python",
+              "from transformers import AutoModel, AutoTokenizer",
+              f"tok, model = AutoTokenizer.from_pretrained(\"{name}\"), AutoModel.from_pretrained(\"{name}\")",
+              "batch = tok(sentences, padding=True, truncation=True, return_tensors=\"pt\")",
+              "vecs = model(**batch).last_hidden_state[:, 0]", "```", "",
+              "sentence-transformers (CLS pooling is set in 1_Pooling/config.json):", "```python",
+              "from sentence_transformers import SentenceTransformer",
+              f"vecs = SentenceTransformer(\"{name}\").encode(sentences)", "```", ""]
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="bert.py", description="sgbert's BERT encoder: tools for its checkpoints")
+    sub = p.add_subparsers(dest="command", required=True)
+    e = sub.add_parser("export", help="write a checkpoint as a Hugging Face BertModel + sentence-transformers folder")
+    e.add_argument("src", metavar="CHECKPOINT", help="a .safetensors written by train.py, or a model folder or name")
+    e.add_argument("out_dir", metavar="OUT_DIR", help="folder to create; must be absent or empty unless --force")
+    e.add_argument("--force", action="store_true", help="replace OUT_DIR even if it is not empty")
+    a = p.parse_args(argv)
+    try:
+        out = export(a.src, a.out_dir, force=a.force)
+    except (LoadError, OSError) as err:  # user-facing: one line, no traceback
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
+    print(f"exported {a.src} to {out}/ (transformers BertModel + sentence-transformers with CLS pooling)")
+
+
+if __name__ == "__main__":
+    main()

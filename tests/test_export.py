@@ -1,0 +1,231 @@
+"""bert.py export against its oracles: HF transformers.AutoModel / AutoTokenizer and sentence-transformers load the
+folder and reproduce our vectors; Bert.from_pretrained reads it back bit-exact; the CLI refuses to clobber a folder."""
+import io
+import json
+import logging
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import bert
+from bert import Bert, BertConfig, batch_tensors, encode, export, load_tokenizer, read_metadata, save_checkpoint
+
+BERT_PY = str(Path(bert.__file__).resolve())
+
+
+def cli(*args):
+    return subprocess.run([sys.executable, BERT_PY, "export", *map(str, args)], capture_output=True, text=True)
+
+
+def same_weights(a, b):
+    """Every tensor of two models (the carried pooler included) is bit-identical."""
+    sa, sb = a.state_dict(), b.state_dict()
+    assert sa.keys() == sb.keys() and a.extra.keys() == b.extra.keys()
+    for k in sa:
+        assert torch.equal(sa[k], sb[k]), k
+    for k in a.extra:
+        assert torch.equal(a.extra[k], b.extra[k]), k
+    return True
+
+
+# -----------------------------------------------------------------------------
+# a tiny random model: files, round trip, README, overwrite rules (fast)
+
+WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a", "b", "the", "man", "##s", ".", "play", "##ing"]
+
+
+@pytest.fixture
+def tiny_ckpt(tiny_config, tmp_path):
+    """(path of a tiny sg.safetensors with a pooler and a tokenizer but no training metadata, its model, tokenizer)."""
+    torch.manual_seed(0)
+    m = Bert(BertConfig(**tiny_config)).eval()
+    m.extra = {"pooler.dense.weight": torch.randn(32, 32), "pooler.dense.bias": torch.randn(32)}
+    (tmp_path / "vocab.txt").write_text("\n".join(WORDS) + "\n")
+    tok = bert.wordpiece_from_vocab(tmp_path / "vocab.txt")
+    save_checkpoint(tmp_path / "sg.safetensors", m, {"tokenizer": tok.to_str()})
+    return tmp_path / "sg.safetensors", m, tok
+
+
+def test_export_files_and_roundtrip(tiny_ckpt, tmp_path):
+    ckpt, m, tok = tiny_ckpt
+    out = export(ckpt, tmp_path / "out")
+    assert sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()) == sorted([
+        "config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "vocab.txt",
+        "special_tokens_map.json", "modules.json", "1_Pooling/config.json", "sentence_bert_config.json",
+        "config_sentence_transformers.json", "README.md"])
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temp folder left behind
+    back = Bert.from_pretrained(out)
+    assert back.config == m.config and same_weights(back, m)
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["model_type"] == "bert" and cfg["architectures"] == ["BertModel"] and cfg["hidden_size"] == 32
+    assert (out / "vocab.txt").read_text().split("\n")[:-1] == WORDS  # ordered by id
+    pooling = json.loads((out / "1_Pooling/config.json").read_text())
+    assert pooling.pop("pooling_mode_cls_token") is True and not any(pooling.pop(k) for k in list(pooling)
+                                                                      if k.startswith("pooling_mode"))
+    assert pooling == {"word_embedding_dimension": 32}
+    assert [mod["path"] for mod in json.loads((out / "modules.json").read_text())] == ["", "1_Pooling"]
+    # no training args: max length falls back to the position table (64 here, 512 for BERT)
+    assert json.loads((out / "sentence_bert_config.json").read_text())["max_seq_length"] == 64
+    assert json.loads((out / "tokenizer_config.json").read_text())["model_max_length"] == 64
+    assert "no SG-BERT training recorded" in (out / "README.md").read_text()
+    # all three tokenizer files give the same ids: tokenizer.json, vocab.txt, and the metadata of model.safetensors
+    text = "the man playing a b . c"
+    for t in (load_tokenizer(out), bert.wordpiece_from_vocab(out / "vocab.txt"), load_tokenizer(out / "model.safetensors")):
+        assert t.encode(text).ids == tok.encode(text).ids == [2, 7, 8, 11, 12, 5, 6, 10, 1, 3]
+    # the exported model.safetensors is itself a whole sgbert checkpoint
+    assert same_weights(Bert.from_pretrained(out / "model.safetensors"), m)
+
+
+def test_readme_reports_training(tiny_ckpt, tmp_path):
+    ckpt, m, tok = tiny_ckpt
+    args = {"loss": "sg-opt", "tau": 0.01, "lam": 0.1, "lr": 1e-5, "batch_size": 16, "max_len": 48}
+    save_checkpoint(ckpt, m, {"tokenizer": tok.to_str(), "base_model": "tiny-bert", "args": args,
+                              "best": {"step": 350, "dev": 81.2}})
+    out = export(ckpt, tmp_path / "out")
+    readme = (out / "README.md").read_text()
+    for s in ("`tiny-bert`", "loss: `sg-opt`", "`tau=0.01`", "`lam=0.1`", "81.2 (step 350)", "pooling=\"cls\"",
+              "last_hidden_state[:, 0]", "SentenceTransformer(\"out\")"):
+        assert s in readme, s
+    assert json.loads((out / "sentence_bert_config.json").read_text()) == {"max_seq_length": 48, "do_lower_case": False}
+    assert json.loads((out / "tokenizer_config.json").read_text())["model_max_length"] == 48
+    assert read_metadata(out / "model.safetensors")["args"] == args
+
+
+def test_export_a_model_folder(tiny_ckpt, tmp_path):
+    ckpt, m, tok = tiny_ckpt
+    first = export(ckpt, tmp_path / "first")
+    (first / "tokenizer.json").unlink()  # a plain HF folder with vocab.txt only also exports
+    again = export(first, tmp_path / "again")
+    assert same_weights(Bert.from_pretrained(again), m)
+    assert load_tokenizer(again).encode("the mans").ids == tok.encode("the mans").ids
+
+
+def test_cli_refuses_non_empty_and_force_replaces(tiny_ckpt, tmp_path):
+    ckpt, m, _ = tiny_ckpt
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    r = cli(ckpt, out)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.strip() == f"error: {out} is not empty; pass --force to replace it"
+    assert [p.name for p in out.iterdir()] == ["keep.txt"]
+    r = cli(ckpt, out, "--force")
+    assert r.returncode == 0, r.stderr
+    assert not (out / "keep.txt").exists() and same_weights(Bert.from_pretrained(out), m)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "sg.safetensors", "vocab.txt"]  # old one deleted
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert cli(ckpt, empty).returncode == 0 and (empty / "model.safetensors").is_file()  # an empty folder is fine
+    # a LoadError from bert.py is one line too
+    r = cli(tmp_path / "nope.safetensors", tmp_path / "x")
+    assert r.returncode == 2 and r.stderr.strip() == f"error: {tmp_path / 'nope.safetensors'} not found"
+    (tmp_path / "bad.safetensors").write_bytes(b"\x00garbage" * 10)
+    r = cli(tmp_path / "bad.safetensors", tmp_path / "x")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.strip().startswith(f"error: {tmp_path / 'bad.safetensors'}: not a valid safetensors file")
+    assert len(r.stderr.strip().split("\n")) == 1
+    assert not (tmp_path / "x").exists()
+
+
+# -----------------------------------------------------------------------------
+# a real checkpoint made from all-MiniLM-L6-v2 (slow)
+
+SENTS = [
+    "A man is playing a guitar.", "A woman is slicing an onion.", "Two dogs run through a field of tall grass.",
+    "The cat sits on the windowsill in the sun.", "A child is riding a red bicycle down the street.",
+    "The stock market fell sharply on Monday.", "Shares dropped more than three percent after the report.",
+    "Obama signs the bill into law!", "The president vetoed the spending bill.", "A plane is taking off.",
+    "An airplane departs from the runway at dusk.", "Someone is frying meat in a pan.", "A man is cutting a potato.",
+    "The girl is brushing her hair.", "Three men are playing chess in the park.", "A panda bear is eating bamboo.",
+    "Rain is expected across the region tomorrow afternoon.", "It will be sunny and warm all weekend.",
+    "How do I reset my password?", "What is the best way to learn French quickly?", "naïve café résumé",
+    "hello", "Yes.", "The quick brown fox jumps over the lazy dog.", "A bird perches on a wire above the road.",
+    "The committee approved the new budget after a long debate.", "Police arrested two suspects late on Friday.",
+    "Scientists discovered a new species of frog in the rainforest.", "The team won the championship in overtime.",
+    "She poured milk into the bowl of cereal.", "A man and a woman are dancing in the rain.",
+    "The children are building a sandcastle on the beach.", "He forgot his umbrella at the train station.",
+    "Oil prices rose for the third consecutive week.", "The museum reopened after two years of renovations.",
+    "A small boat drifts near the rocky shore.", "The doctor recommended more sleep and less coffee.",
+    "Thousands gathered in the square to protest the new law.", "A woman is playing the flute.",
+    "The laptop battery lasts about ten hours.", "Nobody expected the movie to be this good.",
+    "A black dog is carrying a stick through the snow.", "The restaurant closes at midnight on weekends.",
+    "The UN called for an immediate ceasefire.", "A boy is jumping into a swimming pool.",
+    "The price of gold reached a record high.", "Two women are sitting on a bench talking.",
+    "The software update fixed several security bugs.", "A chef is preparing sushi in a busy kitchen.",
+    "I can't believe it's already December!",
+]
+
+
+@pytest.fixture(scope="module")
+def exported(minilm_path, tmp_path_factory):
+    """(export folder, the perturbed model it came from, its tokenizer, the unperturbed base model), via the CLI."""
+    d = tmp_path_factory.mktemp("export")
+    base = Bert.from_pretrained(minilm_path)
+    m, tok = Bert.from_pretrained(minilm_path), load_tokenizer(minilm_path)
+    torch.manual_seed(0)
+    with torch.no_grad():  # perturb so the tests prove the exported weights are ours, not the base's
+        m.embeddings.word_embeddings.weight.add_(0.02 * torch.randn_like(m.embeddings.word_embeddings.weight))
+        m.encoder.layer[2].attention.self.query.weight.mul_(1.1)
+        m.encoder.layer[5].output.dense.bias.add_(0.05)
+        m.extra["pooler.dense.weight"] = m.extra["pooler.dense.weight"] + 0.01
+    args = {"loss": "sg-opt", "tau": 0.01, "lam": 0.1, "lr": 1e-5, "batch_size": 16, "max_len": 64}
+    save_checkpoint(d / "sg.safetensors", m, {"tokenizer": tok.to_str(), "base_model": "all-MiniLM-L6-v2",
+                                              "args": args, "best": {"step": 350, "dev": 81.2}})
+    r = cli(d / "sg.safetensors", d / "out")
+    assert r.returncode == 0, r.stderr
+    return d / "out", m, tok, base
+
+
+@pytest.mark.slow
+def test_roundtrip_is_bit_exact(exported):
+    out, m, tok, base = exported
+    assert same_weights(Bert.from_pretrained(out), m)
+    assert not torch.equal(m.embeddings.word_embeddings.weight, base.embeddings.word_embeddings.weight)
+
+
+@pytest.mark.slow
+def test_transformers_loads_it(exported):
+    transformers = pytest.importorskip("transformers", reason="transformers is the oracle for the HF folder")
+    out, m, tok, base = exported
+    log = io.StringIO()
+    handler = logging.StreamHandler(log)
+    logging.getLogger("transformers").addHandler(handler)  # its loading report goes here, propagate or not
+    try:
+        hf, info = transformers.AutoModel.from_pretrained(out, output_loading_info=True)
+    finally:
+        logging.getLogger("transformers").removeHandler(handler)
+    assert type(hf).__name__ == "BertModel"
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
+    assert "newly initialized" not in log.getvalue().lower(), log.getvalue()
+    assert torch.equal(hf.pooler.dense.weight, m.extra["pooler.dense.weight"])  # our pooler, carried over
+    hf_tok = transformers.AutoTokenizer.from_pretrained(out)
+    batch = hf_tok(SENTS, padding=True, truncation=True, return_tensors="pt")
+    ids, mask = batch_tensors(tok.encode_batch(SENTS))
+    assert torch.equal(batch["input_ids"], ids) and torch.equal(batch["attention_mask"], mask)
+    with torch.no_grad():
+        theirs = hf.eval()(**batch).last_hidden_state
+        ours, base_out = m(ids, mask)[-1], base(ids, mask)[-1]
+    real = mask.bool()
+    torch.testing.assert_close(theirs[real], ours[real], atol=1e-5, rtol=0)
+    assert (theirs[real] - base_out[real]).abs().max() > 1e-2  # the perturbation is visible: this could fail
+
+
+@pytest.mark.slow
+def test_sentence_transformers_uses_cls(exported, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    st = pytest.importorskip("sentence_transformers", reason="sentence-transformers is the oracle for its layout")
+    out, m, tok, base = exported
+    model = st.SentenceTransformer(str(out), device="cpu")
+    cfg = model[1].get_config_dict()
+    assert cfg.get("pooling_mode") == "cls" or cfg.get("pooling_mode_cls_token") is True, cfg
+    assert model.max_seq_length == 64
+    theirs = model.encode(SENTS, batch_size=16, convert_to_numpy=True)
+    ours = encode(m, tok, SENTS, pooling="cls")
+    cos = lambda a, b: (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+    assert len(SENTS) == 50 and theirs.shape == ours.shape == (50, 384)
+    assert cos(theirs, ours).min() >= 0.99999
+    assert cos(theirs, encode(m, tok, SENTS, pooling="mean")).min() < 0.99  # mean pooling would have been caught
