@@ -1,0 +1,144 @@
+"""The SG-BERT objectives: the projection head f, the contrastive losses, and the weight regulariser.
+
+Follows Kim, Yoo & Lee, "Self-Guided Contrastive Learning for BERT Sentence Representations", ACL 2021
+(arXiv:2106.07345), section 3, and the official code (github.com/galsang/SG-BERT) for the head layout.
+  ProjectionHead      f, applied to c and h before any loss (Linear -> GELU -> Linear -> GELU)
+  nt_xent(c, h, tau)  L^base, the SG objective: NT-Xent over the 2b vectors {c_i} U {h_i}
+  opt1(c, h, tau)     L^opt1: only c_i is an anchor; the c_j (j != i) and all h_j are in the denominator
+  opt2(c, h, tau)     L^opt2: only c_i is an anchor; the c_j are dropped from the denominator
+  sg_opt(c, h, tau)   L^opt3, the SG-OPT objective: c_i against its views h_ik at every layer k at once
+  weight_distance     L^reg = ||theta_T - theta_F||^2, the distance of BERT_T from BERT_F (train.py adds lam * it)
+
+Legend: b = sentences in the batch, L = l + 1 layer views (embeddings + l layers), p = projection size.
+c (b, p): BERT_T last-layer [CLS] after f. h (b, L, p): pooled BERT_F layer views after f (or (b, p): one sampled
+layer). phi(u, v) = exp(cos(u, v) / tau). Every loss is a scalar mean, without the regulariser, and is computed in
+log space (logsumexp / cross_entropy): with tau = 0.01 the logits reach +-100 and exp(100) overflows even fp32.
+Inputs in bf16/fp16 are cast up, so the similarity and softmax math is fp32 (fp64 inputs stay fp64, for the tests).
+"""
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class ProjectionHead(nn.Module):
+    """f: Linear(hidden, proj) -> GELU -> Linear(proj, proj) -> GELU, weights N(0, 0.02), zero bias."""
+
+    def __init__(self, hidden_size, proj_size=4096):
+        super().__init__()
+        # exact (erf) GELU, like HF BERT's "gelu"
+        self.net = nn.Sequential(nn.Linear(hidden_size, proj_size), nn.GELU(),
+                                 nn.Linear(proj_size, proj_size), nn.GELU())
+        for m in self.net:
+            if isinstance(m, nn.Linear):
+                nn.init.normal_(m.weight, mean=0.0, std=0.02)
+                nn.init.zeros_(m.bias)
+
+    def forward(self, x):  # (..., hidden) -> (..., proj)
+        return self.net(x)
+
+
+def _up(x):
+    """Cast bf16/fp16 up to fp32 (fp32 and fp64 are kept): all similarity math runs in at least fp32."""
+    return x.to(torch.promote_types(x.dtype, torch.float32))
+
+
+def _check_pair(c, h, tau, name):
+    assert c.dim() == 2 and c.shape == h.shape, \
+        f"{name} wants c and h of the same shape (b, p), got c {tuple(c.shape)} and h {tuple(h.shape)}"
+    assert tau > 0, f"{name}: the temperature tau must be > 0, got {tau}"
+
+
+def sg_opt(c, h, tau):
+    """L^opt3: mean over i, k of -log( phi(c_i, h_ik) / (phi(c_i, h_ik) + sum_{m != i} sum_n phi(c_i, h_mn)) ).
+
+    c (b, p), h (b, L, p). Not in the denominator: the other sentences' c_j and sentence i's views at other layers.
+    One (b, b*L) similarity matrix, no loop over layers and no copies of the negatives. With b = 1 there are no
+    negatives and the loss is 0 with a zero gradient.
+    """
+    assert c.dim() == 2 and h.dim() == 3, \
+        f"sg_opt wants c (b, p) and h (b, L, p), got c {tuple(c.shape)} and h {tuple(h.shape)}"
+    b, L, p = h.shape
+    assert c.shape == (b, p), f"sg_opt: c {tuple(c.shape)} does not match h {tuple(h.shape)}, want c of shape ({b}, {p})"
+    assert tau > 0, f"sg_opt: the temperature tau must be > 0, got {tau}"
+    c = F.normalize(_up(c), dim=-1)
+    h = _up(h).reshape(b * L, p)  # row m*L + n is h_mn
+    # cos(c_i, h_mn) = c_i . h_mn / |h_mn|: scaling the columns of sim saves a normalised copy of h (b*L x p)
+    sim = (c @ h.T) / (h.norm(dim=-1).clamp_min(1e-12) * tau)  # sim: (b, b*L)
+    sim = sim.view(b, b, L)  # sim[i, m, n] = cos(c_i, h_mn) / tau
+    pos = sim.diagonal(dim1=0, dim2=1).T  # (b, L): pos[i, k] = cos(c_i, h_ik) / tau
+    # log sum_{m != i} sum_n phi(c_i, h_mn): mask sentence i's whole block, not only the positive. The fill is
+    # finite rather than -inf so that b = 1 (an empty sum) gives loss 0 and gradient 0 instead of NaN (!!)
+    own = torch.eye(b, dtype=torch.bool, device=sim.device)[:, :, None]  # (b, b, 1)
+    neg = sim.masked_fill(own, torch.finfo(sim.dtype).min).logsumexp(dim=(1, 2))  # (b,)
+    return (torch.logaddexp(pos, neg[:, None]) - pos).mean()  # -log(phi / (phi + negatives)), mean over b*L
+
+
+def nt_xent(c, h, tau):
+    """L^base: for each of the 2b vectors x_m in {c_i} U {h_i}, -log( phi(x_m, mu(x_m)) / sum_{n != m} phi(x_m, x_n) ),
+    mean over the 2b terms; mu pairs c_i with h_i. c, h (b, p)."""
+    _check_pair(c, h, tau, "nt_xent")
+    b = c.shape[0]
+    x = F.normalize(_up(torch.cat([c, h])), dim=-1)  # (2b, p): x_m = c_m for m < b, h_{m-b} after
+    eye = torch.eye(2 * b, dtype=torch.bool, device=x.device)
+    sim = (x @ x.T / tau).masked_fill(eye, float("-inf"))  # sim: (2b, 2b), diagonal masked (n != m)
+    mu = torch.arange(2 * b, device=x.device).roll(b)  # mu(c_i) = h_i is column b + i, mu(h_i) = c_i is column i
+    return F.cross_entropy(sim, mu)
+
+
+def opt1(c, h, tau):
+    """L^opt1: mean over i of -log( phi(c_i, h_i) / (sum_{j != i} phi(c_i, c_j) + sum_j phi(c_i, h_j)) ). c, h (b, p)."""
+    _check_pair(c, h, tau, "opt1")
+    b = c.shape[0]
+    c, h = F.normalize(_up(c), dim=-1), F.normalize(_up(h), dim=-1)
+    eye = torch.eye(b, dtype=torch.bool, device=c.device)
+    sim = torch.cat([c @ h.T, (c @ c.T).masked_fill(eye, float("-inf"))], dim=1) / tau  # sim: (b, 2b): [h_j | c_j]
+    return F.cross_entropy(sim, torch.arange(b, device=c.device))
+
+
+def opt2(c, h, tau):
+    """L^opt2: mean over i of -log( phi(c_i, h_i) / sum_j phi(c_i, h_j) ). c, h (b, p)."""
+    _check_pair(c, h, tau, "opt2")
+    c, h = F.normalize(_up(c), dim=-1), F.normalize(_up(h), dim=-1)
+    sim = c @ h.T / tau  # sim: (b, b), positives on the diagonal
+    return F.cross_entropy(sim, torch.arange(c.shape[0], device=c.device))
+
+
+def _pairs(tuned, fixed):
+    """Two lists of parameters (theta_T, theta_F) from two nn.Modules or two iterables of tensors."""
+    if isinstance(tuned, nn.Module) and isinstance(fixed, nn.Module):
+        nt, nf = [n for n, _ in tuned.named_parameters()], [n for n, _ in fixed.named_parameters()]
+        assert nt == nf, f"BERT_T and BERT_F parameters differ: {sorted(set(nt) ^ set(nf))[:5]}"
+    T = list(tuned.parameters() if isinstance(tuned, nn.Module) else tuned)
+    Fx = list(fixed.parameters() if isinstance(fixed, nn.Module) else fixed)
+    assert len(T) == len(Fx) > 0, f"need the same non-zero number of parameters, got {len(T)} tuned, {len(Fx)} fixed"
+    for i, (t, f) in enumerate(zip(T, Fx)):
+        assert t.shape == f.shape, f"parameter {i}: tuned {tuple(t.shape)} vs fixed {tuple(f.shape)}"
+    return T, Fx
+
+
+def _sum_sq(diffs):
+    dtype = torch.float64 if any(d.dtype == torch.float64 for d in diffs) else torch.float32
+    return torch.stack(torch._foreach_norm(diffs, 2, dtype=dtype)).square().sum()
+
+
+def weight_distance(tuned, fixed):
+    """L^reg = sum over parameter pairs of ||theta_T - theta_F||^2: a scalar, fp32 (fp64 for fp64 weights),
+    differentiable w.r.t. tuned."""
+    T, Fx = _pairs(tuned, fixed)
+    return _sum_sq(torch._foreach_sub(T, Fx))
+
+
+@torch.no_grad()
+def add_weight_distance_grad_(tuned, fixed, lam):
+    """Add the gradient of lam * L^reg, 2 * lam * (theta_T - theta_F), to each tuned .grad, with no autograd graph
+    over all the weights. Same update as backward through lam * weight_distance (tests/test_sg_loss.py checks it).
+    Parameters with requires_grad=False are skipped. Returns the penalty lam * L^reg (for logging)."""
+    T, Fx = _pairs(tuned, fixed)
+    diffs = torch._foreach_sub(T, Fx)
+    train = [i for i, t in enumerate(T) if t.requires_grad]
+    for i in train:
+        if T[i].grad is None:
+            T[i].grad = torch.zeros_like(T[i])
+    if train:
+        torch._foreach_add_([T[i].grad for i in train], [diffs[i] for i in train], alpha=2 * lam)
+    return lam * _sum_sq(diffs)
