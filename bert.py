@@ -467,7 +467,8 @@ def export(src, out_dir, force=False):
                                   "pooling_mode_mean_tokens": False, "pooling_mode_max_tokens": False,
                                   "pooling_mode_mean_sqrt_len_tokens": False},
         "sentence_bert_config.json": {"max_seq_length": max_len, "do_lower_case": False},  # the tokenizer lowercases
-        "config_sentence_transformers.json": {"prompts": {}, "default_prompt_name": None, "similarity_fn_name": "cosine"},
+        "config_sentence_transformers.json": {"prompts": {}, "default_prompt_name": None,
+                                              "similarity_fn_name": "cosine"},
         "README.md": export_readme(out.name, meta, args, best, cfg, max_len),
     }
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -74,7 +74,8 @@ def test_export_files_and_roundtrip(tiny_ckpt, tmp_path):
     assert "no SG-BERT training recorded" in (out / "README.md").read_text()
     # all three tokenizer files give the same ids: tokenizer.json, vocab.txt, and the metadata of model.safetensors
     text = "the man playing a b . c"
-    for t in (load_tokenizer(out), bert.wordpiece_from_vocab(out / "vocab.txt"), load_tokenizer(out / "model.safetensors")):
+    for t in (load_tokenizer(out), bert.wordpiece_from_vocab(out / "vocab.txt"),
+              load_tokenizer(out / "model.safetensors")):
         assert t.encode(text).ids == tok.encode(text).ids == [2, 7, 8, 11, 12, 5, 6, 10, 1, 3]
     # the exported model.safetensors is itself a whole sgbert checkpoint
     assert same_weights(Bert.from_pretrained(out / "model.safetensors"), m)
