@@ -58,7 +58,7 @@ def sg_opt(c, h, tau):
     assert c.dim() == 2 and h.dim() == 3, \
         f"sg_opt wants c (b, p) and h (b, L, p), got c {tuple(c.shape)} and h {tuple(h.shape)}"
     b, L, p = h.shape
-    assert c.shape == (b, p), f"sg_opt: c {tuple(c.shape)} does not match h {tuple(h.shape)}, want c of shape ({b}, {p})"
+    assert c.shape == (b, p), f"sg_opt: c {tuple(c.shape)} does not match h {tuple(h.shape)}, want c ({b}, {p})"
     assert tau > 0, f"sg_opt: the temperature tau must be > 0, got {tau}"
     c = F.normalize(_up(c), dim=-1)
     h = _up(h).reshape(b * L, p)  # row m*L + n is h_mn
@@ -86,7 +86,8 @@ def nt_xent(c, h, tau):
 
 
 def opt1(c, h, tau):
-    """L^opt1: mean over i of -log( phi(c_i, h_i) / (sum_{j != i} phi(c_i, c_j) + sum_j phi(c_i, h_j)) ). c, h (b, p)."""
+    """L^opt1: mean over i of -log( phi(c_i, h_i) / (sum_{j != i} phi(c_i, c_j) + sum_j phi(c_i, h_j)) ).
+    c, h (b, p)."""
     _check_pair(c, h, tau, "opt1")
     b = c.shape[0]
     c, h = F.normalize(_up(c), dim=-1), F.normalize(_up(h), dim=-1)
