@@ -1,0 +1,194 @@
+"""train.py end to end on a tiny random BERT and a few dozen sentences: checkpoints, frozen parts, determinism,
+every flag, crashes, bad input."""
+import gzip
+import json
+import random
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+import bert
+import evaluate
+import sg_loss
+import train
+
+WORDS = "a man woman dog cat is are playing eating running guitar food in the park on street with".split()
+
+
+@pytest.fixture
+def world(tiny_config, tmp_path):
+    """A tiny model folder (config, weights, vocab.txt), a data folder with a small STS-B, and training sentences."""
+    rng = random.Random(0)
+    model_dir = tmp_path / "tiny"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text(json.dumps(tiny_config))
+    torch.manual_seed(0)
+    m = bert.Bert(bert.BertConfig(**tiny_config))
+    save_file({k: v.contiguous() for k, v in m.state_dict().items()}, str(model_dir / "model.safetensors"))
+    (model_dir / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "."] + WORDS) + "\n")
+
+    def sentence():
+        return " ".join(rng.choice(WORDS) for _ in range(rng.randint(2, 9))) + " ."
+
+    data_dir = tmp_path / "data"
+    sts = data_dir / "senteval/STS/STSBenchmark"
+    sts.mkdir(parents=True)
+    for split in ("dev", "test"):
+        rows = [f"main-captions\tMSRvid\t2012test\t{i:04d}\t{rng.uniform(0, 5):.3f}\t{sentence()}\t{sentence()}"
+                for i in range(30)]
+        (sts / f"sts-{split}.csv").write_text("\n".join(rows) + "\n")
+    with gzip.open(data_dir / "stsbenchmark.tsv.gz", "wt") as f:
+        f.write("split\tgenre\tdataset\tyear\tsid\tscore\tsentence1\tsentence2\n")
+    sents = tmp_path / "sents.txt"
+    sents.write_text("\n".join(sentence() for _ in range(40)) + "\n")
+    return dict(model=model_dir, data=data_dir, sents=sents, out=tmp_path / "sg.safetensors", tmp=tmp_path)
+
+
+def run(world, *flags, **kw):
+    argv = ["--model", str(world["model"]), "--data", str(world["sents"]), "--data-dir", str(world["data"]),
+            "--out", str(world["out"]), "--batch-size", "4", "--max-steps", "8", "--eval-every", "3",
+            "--log-every", "1", "--proj-size", "16", "--device", "cpu", *flags]
+    return train.main(argv)
+
+
+def test_full_run_writes_a_loadable_checkpoint(world):
+    result = run(world)
+    assert result["steps"] == 8 and len(result["losses"]) == 8
+    meta = bert.read_metadata(world["out"])
+    assert meta["args"]["loss"] == "opt" and meta["base_model"] == str(world["model"])
+    assert meta["best"]["step"] == result["best_step"] and meta["best"]["dev"] == pytest.approx(result["dev"])
+    m, tok = bert.Bert.from_pretrained(world["out"]), bert.load_tokenizer(world["out"])
+    assert evaluate.stsb_spearman(m, tok, world["data"], "dev") == pytest.approx(result["dev"])
+    assert not list(world["tmp"].glob(".*tmp"))  # no temp files left behind
+
+
+def test_frozen_parts_stay_frozen(world, monkeypatch):
+    seen = {}
+    load, save = bert.Bert.from_pretrained, bert.save_checkpoint
+
+    def capture_load(path):
+        m = load(path)
+        seen.setdefault("F", m)
+        return m
+
+    def capture_save(path, model, meta):
+        seen.setdefault("T", model)
+        return save(path, model, meta)
+
+    monkeypatch.setattr(bert.Bert, "from_pretrained", capture_load)
+    monkeypatch.setattr(bert, "save_checkpoint", capture_save)
+    base = {k: v.clone() for k, v in load(world["model"]).state_dict().items()}
+    run(world, "--lr", "1e-3")
+    F, T = seen["F"].state_dict(), seen["T"].state_dict()
+    assert all(torch.equal(F[k], base[k]) for k in base), "BERT_F changed"
+    emb = [k for k in base if k.startswith("embeddings.")]
+    assert emb and all(torch.equal(T[k], base[k]) for k in emb), "BERT_T's embedding block changed"
+    rest = [k for k in base if not k.startswith("embeddings.")]
+    assert all(not torch.equal(T[k], base[k]) for k in rest), "some BERT_T layer did not train"
+
+
+def test_one_batch_repeated_drives_the_loss_down(world):
+    cfg = json.loads((world["model"] / "config.json").read_text())  # no dropout: a clean optimisation problem
+    (world["model"] / "config.json").write_text(json.dumps(dict(cfg, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)))
+    losses = [l for _, l in run(world, "--overfit-batch", "--max-steps", "40", "--lr", "3e-3", "--tau", "0.05",
+                                "--lam", "0", "--eval-every", "100")["losses"]]
+    assert sum(losses[-5:]) / 5 < 0.2 * sum(losses[:5]) / 5, losses
+
+
+def test_same_seed_same_run(world):
+    a, b = run(world)["losses"], run(world)["losses"]
+    c = run(world, "--seed", "7")["losses"]
+    assert a == b and a != c
+
+
+@pytest.mark.parametrize("flags", [
+    ["--loss", "sg"], ["--loss", "opt1"], ["--loss", "opt2"], ["--view-pooling", "max"], ["--teacher-dropout", "off"],
+    ["--layers", "1:"], ["--layers", ":1"], ["--no-proj"], ["--weight-decay", "0"], ["--tau", "0.5", "--lam", "0"],
+    ["--max-steps", "0", "--epochs", "2", "--patience", "1"], ["--max-len", "5"], ["--eval-only"],
+])
+def test_every_flag_runs(world, flags):
+    result = run(world, *flags)
+    assert -100 <= result["dev"] <= 100 and -100 <= result["test"] <= 100
+    if "--eval-only" not in flags:
+        assert all(torch.isfinite(torch.tensor(l)) for _, l in result["losses"])
+
+
+def test_epochs_give_the_step_count(world):
+    result = run(world, "--max-steps", "0", "--epochs", "2", "--patience", "0", "--log-every", "100")
+    assert result["steps"] == 2 * 10  # 40 sentences / batch 4, twice
+
+
+@pytest.mark.slow
+def test_eval_all_gives_the_seven_task_table(world, shared_data):
+    result = run(world, "--data-dir", str(shared_data), "--max-steps", "2", "--eval-all", "--eval-batch-size", "256")
+    assert set(result["sts"]["avg"]) == {"all", "wmean", "mean"}
+
+
+def crash_after(monkeypatch, n, exc):
+    """Make the n-th loss call (1-based) fail with exc, or return NaN when exc is None."""
+    calls, real = [0], sg_loss.sg_opt
+
+    def loss(*a):
+        calls[0] += 1
+        if calls[0] == n:
+            if exc is None:
+                return real(*a) * float("nan")
+            raise exc
+        return real(*a)
+
+    monkeypatch.setattr(sg_loss, "sg_opt", loss)
+
+
+def best_state(world):
+    return {k: v.clone() for k, v in bert.Bert.from_pretrained(world["out"]).state_dict().items()}
+
+
+@pytest.mark.parametrize("exc", [RuntimeError("boom"), KeyboardInterrupt(), None])
+def test_a_run_stopped_midway_keeps_the_best_checkpoint(world, monkeypatch, capsys, exc):
+    saved = []
+    save = bert.save_checkpoint
+    monkeypatch.setattr(bert, "save_checkpoint", lambda *a: (save(*a), saved.append(best_state(world))))
+    crash_after(monkeypatch, 5, exc)  # after the evaluations at steps 0 and 3
+    if isinstance(exc, RuntimeError):
+        with pytest.raises(RuntimeError, match="boom"):
+            run(world, "--lr", "1e-3")
+    elif exc is None:
+        with pytest.raises(SystemExit) as e:
+            run(world, "--lr", "1e-3")
+        assert e.value.code == 1
+        assert "non-finite loss nan at step 5" in capsys.readouterr().out
+    else:
+        result = run(world, "--lr", "1e-3")
+        assert result["steps"] == 4 and "interrupted at step 4" in capsys.readouterr().out
+    assert saved, "no checkpoint was saved before the crash"
+    now = best_state(world)  # the file is intact, loads, and holds the last saved best
+    assert all(torch.equal(now[k], saved[-1][k]) for k in now)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--batch-size", "1"], "--batch-size 1: SG-OPT needs at least 2"),
+    (["--tau", "0"], "--tau 0.0: the temperature must be > 0"),
+    (["--model", "./no-such-model"], "no-such-model not found"),
+    (["--out", "/nonexistent-dir/sg.safetensors"], "the folder /nonexistent-dir does not exist"),
+    (["--data", "missing.txt"], "missing.txt not found"),
+    (["--layers", "20:"], "selects none"),
+    (["--layers", "x"], "expected a slice"),
+])
+def test_bad_input_is_one_line(world, capsys, flags, message):
+    with pytest.raises(SystemExit) as e:
+        run(world, *flags)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_bad_training_file(world, capsys):
+    world["sents"].write_bytes(b"a man .\n\xff\xfe oops\n")
+    with pytest.raises(SystemExit):
+        run(world)
+    assert f"{world['sents']}:2" in capsys.readouterr().err
+    world["sents"].write_text("\n\n")
+    with pytest.raises(SystemExit):
+        run(world)
+    assert "no sentences" in capsys.readouterr().err

@@ -1,0 +1,310 @@
+"""
+SG-BERT training: fine-tune BERT_T so that its [CLS] vector agrees with the layer views of a frozen BERT_F.
+
+    python train.py --model bert-base-uncased --loss opt      # -> sg.safetensors, then: python evaluate.py --ckpt sg.safetensors
+
+References: Kim, Yoo, Lee, "Self-Guided Contrastive Learning for BERT Sentence Representations", ACL 2021 (section 3),
+and the official code (galsang/SG-BERT), whose defaults we follow where it and the paper disagree; each such
+divergence is a flag (see the README's "faithful to the code or to the paper" table).
+
+One step: get a batch of sentences -> BERT_F (frozen, no graph) gives the views h_ik, pooled from every hidden
+state k -> BERT_T gives c_i, its last-layer [CLS] -> both go through one projection head f -> contrastive loss
+-> backward -> add the gradient of lam * ||BERT_T - BERT_F||^2 -> clip -> AdamW step -> lr from get_lr(step).
+The STS-B dev Spearman of BERT_T's [CLS] is measured at step 0, every --eval-every steps and at the last step;
+the best weights are what we save.
+"""
+import argparse
+import copy
+import itertools
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+import bert
+import data
+import evaluate
+import sg_loss
+
+
+def get_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[1].strip(), formatter_class=argparse.RawDescriptionHelpFormatter)
+    a = p.add_argument
+    a("--model", default="bert-base-uncased", help="base model: a folder, our .safetensors, or a name in weights/<name>/")
+    a("--loss", default="opt", choices=["opt", "sg", "opt1", "opt2"],
+      help="opt: SG-OPT over all b x (l+1) views; sg: NT-Xent; opt1/opt2: the paper's ablations (sg/opt1/opt2 use one "
+           "view per sentence, its layer sampled uniformly)")
+    a("--tau", type=float, default=0.01, help="temperature of the contrastive loss")
+    a("--lam", type=float, default=0.1, help="weight of the regulariser ||BERT_T - BERT_F||^2")
+    a("--lr", type=float, default=5e-5, help="peak learning rate of AdamW")
+    a("--weight-decay", type=float, default=0.01,
+      help="AdamW weight decay on weights (not biases, not LayerNorm). code: 0.01, paper: not stated")
+    a("--batch-size", type=int, default=16, help="sentences per step (b); the other b-1 sentences are the negatives")
+    a("--epochs", type=int, default=1, help="passes over the training sentences")
+    a("--max-steps", type=int, default=0, help="stop after this many steps (0: run the epochs)")
+    a("--eval-every", type=int, default=50, help="STS-B dev evaluation every N steps (and at step 0 and the last step)")
+    a("--patience", type=int, default=10, help="stop after N evaluations without a new best dev score (0: never)")
+    a("--max-len", type=int, default=128, help="tokens per sentence, [CLS]/[SEP] included; longer ones are truncated")
+    a("--view-pooling", default="mean", choices=["mean", "max"],
+      help="how a layer of BERT_F is pooled into a view h_ik. code: mean, paper: max")
+    a("--teacher-dropout", default="on", choices=["on", "off"],
+      help="dropout in BERT_F while it makes the views. code: on (it stays in train mode), paper: not stated")
+    a("--layers", default=":", help="which BERT_F hidden states give views, as a Python slice A:B over 0..l (default all)")
+    a("--no-proj", action="store_true", help="ablation: no projection head f (the loss sees BERT vectors directly)")
+    a("--proj-size", type=int, default=4096, help="width of the projection head f")
+    a("--data", default="stsb", help="'stsb' (all 17,256 STS-B sentences, as the official code) or a text file, one per line")
+    a("--data-dir", default=None, help="data folder with senteval/ and stsbenchmark.tsv.gz (default $SG_DATA, else ./data)")
+    a("--out", default="sg.safetensors", help="where the best checkpoint is written")
+    a("--json", default=None, help="write the final results to this JSON file")
+    a("--eval-all", action="store_true", help="at the end, evaluate the best checkpoint on all 7 STS tasks")
+    a("--eval-only", action="store_true", help="sanity check: evaluate the base model on STS-B dev/test (and all 7 "
+      "tasks with --eval-all) and exit, reproducing the paper's untrained [CLS] baseline")
+    a("--seed", type=int, default=42, help="seed for the head init, the shuffle, layer sampling and dropout")
+    a("--device", default="auto", choices=["auto", "cpu", "cuda"], help="auto: cuda when available")
+    a("--log-every", type=int, default=10, help="one log line every N steps")
+    a("--overfit-batch", action="store_true", help="sanity check: train on the first batch over and over (loss must fall)")
+    a("--eval-batch-size", type=int, default=128, help="batch size of the dev-set encoding")
+    return p.parse_args(argv)
+
+
+def die(msg):
+    print(f"train.py: error: {msg}", file=sys.stderr)
+    sys.exit(2)
+
+
+def check_args(args):
+    """Refuse bad input before any work starts, with one line that names the problem."""
+    if args.batch_size < 2:
+        die(f"--batch-size {args.batch_size}: SG-OPT needs at least 2 sentences per batch (the others are the negatives)")
+    if args.tau <= 0:
+        die(f"--tau {args.tau}: the temperature must be > 0")
+    if args.max_len < 3:
+        die(f"--max-len {args.max_len}: need room for [CLS], one token and [SEP]")
+    out_dir = Path(args.out).resolve().parent
+    if not out_dir.is_dir():
+        die(f"--out {args.out}: the folder {out_dir} does not exist")
+    if not os.access(out_dir, os.W_OK):
+        die(f"--out {args.out}: the folder {out_dir} is not writable")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        die("--device cuda: no CUDA device is available (use --device cpu)")
+    try:
+        slice(*[int(x) if x else None for x in args.layers.split(":")])
+    except (ValueError, TypeError):
+        die(f"--layers {args.layers}: expected a slice A:B such as 0:7 or 1: or :")
+
+
+def view_layers(spec, n_hidden):
+    """Indices of the BERT_F hidden states (0 = embeddings .. l = last layer) that give views, from 'A:B'."""
+    layers = list(range(n_hidden))[slice(*[int(x) if x else None for x in spec.split(":")])]
+    if not layers:
+        die(f"--layers {spec}: selects none of the {n_hidden} hidden states 0..{n_hidden - 1}")
+    return layers
+
+
+def get_lr(step, total, peak):
+    """Linear warm-up over the first 10% of the steps, then linear decay to 0 (as transformers'
+    get_linear_schedule_with_warmup, which the official code uses)."""
+    warmup = math.ceil(0.1 * total)
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    return peak * max(0.0, (total - step) / max(1, total - warmup))
+
+
+def param_groups(modules, weight_decay):
+    """AdamW groups: weight decay on weight matrices, none on biases and LayerNorm (BERT's recipe)."""
+    decay, no_decay = [], []
+    for m in modules:
+        for name, p in m.named_parameters():
+            if p.requires_grad:
+                (no_decay if name.endswith("bias") or "LayerNorm" in name else decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def git_sha():
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=Path(__file__).parent, timeout=5).stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def main(argv=None):
+    args = get_args(argv)
+    check_args(args)
+    device = torch.device("cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available()) else "cpu")
+    print(f"sgbert {git_sha()} | device {device} | " + " ".join(f"{k}={v}" for k, v in vars(args).items()))
+
+    # ---- load everything up front, so bad input fails before any work
+    try:
+        bert_F = bert.Bert.from_pretrained(args.model)
+        tokenizer = bert.load_tokenizer(args.model, max_len=min(args.max_len, bert_F.config.max_position_embeddings))
+        data_dir = data.resolve_data_dir(args.data_dir)
+        sentences = data.training_sentences(args.data, data_dir)
+        data.load_stsb("dev", data_dir)
+    except (bert.LoadError, data.DataError) as e:
+        die(str(e))
+    if len(sentences) < 2:
+        die(f"--data {args.data}: {len(sentences)} sentence(s); contrastive training needs at least 2")
+    if args.data == "stsb":
+        print("note: the STS-B dev and test sentences are part of the unlabelled training data, as in the paper "
+              "(no labels are used)")
+    cfg = bert_F.config
+    layers = view_layers(args.layers, cfg.num_hidden_layers + 1)
+    torch.manual_seed(args.seed)
+    gen = torch.Generator().manual_seed(args.seed)  # shuffle and layer sampling
+
+    # ---- BERT_F: frozen, never in the autograd graph; BERT_T: a copy whose embedding block is frozen
+    bert_F = bert_F.to(device).train(args.teacher_dropout == "on").requires_grad_(False)
+    bert_T = copy.deepcopy(bert_F).train().requires_grad_(True)
+    bert_T.embeddings.requires_grad_(False)
+    head = (sg_loss.ProjectionHead(cfg.hidden_size, args.proj_size) if not args.no_proj else torch.nn.Identity()).to(device)
+    optimizer = torch.optim.AdamW(param_groups([bert_T, head], args.weight_decay), lr=args.lr, betas=(0.9, 0.9),
+                                  eps=1e-6)  # eps: transformers.AdamW's default
+    trainable = [p for g in optimizer.param_groups for p in g["params"]]
+    n_batches = len(sentences) // args.batch_size + (len(sentences) % args.batch_size >= 2)  # a last batch of 1 has no negatives
+    total = args.max_steps or args.epochs * n_batches
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda")
+    print(f"{len(sentences)} sentences | {total} steps of {args.batch_size} | views from BERT_F hidden states "
+          f"{layers[0]}..{layers[-1]} ({len(layers)}) | loss {args.loss} tau {args.tau} lam {args.lam}")
+
+    def batches():  # endless shuffled epochs; the step count decides when to stop
+        while True:
+            perm = torch.randperm(len(sentences), generator=gen).tolist()
+            for s in range(0, len(perm), args.batch_size):
+                if len(idx := perm[s:s + args.batch_size]) >= 2:
+                    yield [sentences[i] for i in idx]
+
+    def dev_score():
+        return evaluate.stsb_spearman(bert_T, tokenizer, data_dir, "dev", batch_size=args.eval_batch_size)
+
+    meta = {"tokenizer": tokenizer.to_str(), "base_model": str(args.model), "args": vars(args), "git": git_sha()}
+    best = {"step": -1, "dev": -math.inf}
+
+    def save_if_best(step, dev):
+        if dev > best["dev"]:
+            best.update(step=step, dev=dev)
+            bert.save_checkpoint(args.out, bert_T, {**meta, "best": best})
+            return True
+        return False
+
+    if args.eval_only:
+        return final_report(args, bert_F.eval(), tokenizer, data_dir, None, device)
+
+    # ---- the loop
+    phase = dict.fromkeys(["BERT_F fwd", "BERT_T fwd+bwd", "loss", "reg", "optim"], 0.0)
+    stop, since_best, step, t_start, history = None, 0, 0, time.time(), []
+    data_iter = batches()
+    if args.overfit_batch:
+        data_iter = itertools.repeat(next(data_iter))
+    try:
+        dev = dev_score()
+        save_if_best(0, dev)
+        print(f"eval step 0 | STS-B dev {dev:.2f} | best {best['dev']:.2f} (step {best['step']})")
+        t_log = time.time()
+        while step < total:
+            batch = next(data_iter)
+            ids, mask = bert.batch_tensors(tokenizer.encode_batch(batch), cfg.pad_token_id, device)
+            sync(device); t0 = time.perf_counter()
+
+            # views h_ik: every selected hidden state of BERT_F, pooled over all tokens ([CLS]/[SEP] included)
+            with torch.no_grad(), autocast:
+                hs = bert_F(ids, mask)
+                h = torch.stack([pool_view(hs[k], mask, args.view_pooling) for k in layers], 1)  # (b, L, H)
+            sync(device); t1 = time.perf_counter()
+
+            # sentence vectors c_i: BERT_T's last-layer [CLS]; one shared head f maps c and h
+            with autocast:
+                c = bert_T(ids, mask)[-1][:, 0]  # (b, H)
+                b, L, H = h.shape
+                z = head(torch.cat([c, h.reshape(b * L, H)]))
+                zc, zh = z[:b].float(), z[b:].float().view(b, L, -1)  # (b, p), (b, L, p): the loss runs in fp32
+            t2 = time.perf_counter()
+            if args.loss == "opt":
+                loss = sg_loss.sg_opt(zc, zh, args.tau)
+            else:  # one view per sentence, its layer sampled uniformly
+                k = torch.randint(L, (b,), generator=gen).to(device)
+                loss = getattr(sg_loss, {"sg": "nt_xent", "opt1": "opt1", "opt2": "opt2"}[args.loss])(
+                    zc, zh[torch.arange(b, device=device), k], args.tau)
+            sync(device); t3 = time.perf_counter()
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            sync(device); t4 = time.perf_counter()
+            # L^reg = lam * ||BERT_T - BERT_F||^2 enters as its gradient 2 lam (theta_T - theta_F): same update as
+            # backpropagating it, without an autograd graph over every weight (tests/test_sg_loss.py proves it)
+            reg = sg_loss.add_weight_distance_grad_(bert_T, bert_F, args.lam)
+            sync(device); t5 = time.perf_counter()
+            lr = get_lr(step, total, args.lr)
+            for g in optimizer.param_groups:
+                g["lr"] = lr
+            norm = torch.nn.utils.clip_grad_norm_(trainable, 1.0)
+            optimizer.step()
+            sync(device); t6 = time.perf_counter()
+            for key, dt in zip(phase, (t1 - t0, (t2 - t1) + (t4 - t3), t3 - t2, t5 - t4, t6 - t5)):
+                phase[key] += dt
+            step += 1
+
+            if step % args.log_every == 0 or step == total:
+                loss_v = loss.item()  # note: a CPU-GPU sync point, only at log time
+                history.append((step, loss_v))
+                if not math.isfinite(loss_v):
+                    stop = f"non-finite loss {loss_v} at step {step}"
+                    break
+                dt = (time.time() - t_log) / args.log_every
+                t_log = time.time()
+                eta = (total - step) * (time.time() - t_start) / step
+                print(f"step {step}/{total} | loss {loss_v:.4f} | reg {reg.item():.2e} | norm {norm.item():.2f} "
+                      f"| lr {lr:.2e} | {1000 * dt:.0f} ms/step | {args.batch_size / dt:.0f} sent/s | ETA {eta / 60:.1f} min")
+            if step % args.eval_every == 0 or step == total:
+                dev = dev_score()
+                since_best = 0 if save_if_best(step, dev) else since_best + 1
+                print(f"eval step {step} | STS-B dev {dev:.2f} | best {best['dev']:.2f} (step {best['step']})")
+                if args.patience and since_best >= args.patience:
+                    stop = f"early stop: no new best in {args.patience} evaluations"
+                    break
+    except KeyboardInterrupt:
+        stop = f"interrupted at step {step}"
+    wall = time.time() - t_start
+    if stop:
+        print(f"{stop}; the best checkpoint so far (step {best['step']}, dev {best['dev']:.2f}) is {args.out}")
+    if step:
+        print(f"{step} steps in {wall / 60:.1f} min | ms/step: " + " | ".join(f"{k} {1000 * v / step:.1f}" for k, v in phase.items()))
+    result = final_report(args, bert.Bert.from_pretrained(args.out).to(device), tokenizer, data_dir, best, device)
+    result.update(steps=step, losses=history, wall_seconds=wall, ms_per_step={k: 1000 * v / max(step, 1) for k, v in phase.items()}, stop=stop)
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2))
+    if stop and stop.startswith("non-finite"):
+        sys.exit(1)
+    return result
+
+
+def pool_view(x, mask, pooling):
+    """A view of one hidden state: x (b, T, H), mask (b, T) -> (b, H), over all real tokens."""
+    return bert.masked_mean(x, mask) if pooling == "mean" else bert.pool([x], mask, "max")
+
+
+def final_report(args, model, tokenizer, data_dir, best, device):
+    """STS-B dev and test Spearman of the best weights (the official code evaluates the last ones by mistake)."""
+    dev = evaluate.stsb_spearman(model, tokenizer, data_dir, "dev", batch_size=args.eval_batch_size)
+    test = evaluate.stsb_spearman(model, tokenizer, data_dir, "test", batch_size=args.eval_batch_size)
+    what = "base model" if best is None else f"best checkpoint {args.out} (step {best['step']})"
+    print(f"{what} | STS-B dev {dev:.2f} | STS-B test {test:.2f}")
+    result = {"best_step": None if best is None else best["step"], "dev": dev, "test": test}
+    if args.eval_all:
+        table = evaluate.evaluate_model(model, tokenizer, data.TASKS, data_dir, batch_size=args.eval_batch_size)
+        evaluate.print_table(table, data.TASKS, f"{args.out}: 7 STS tasks, [CLS] of the best checkpoint")
+        result["sts"] = table
+    return result
+
+
+if __name__ == "__main__":
+    main()
