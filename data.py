@@ -57,7 +57,7 @@ def resolve_data_dir(arg=None, fetch=True):
     if (d / "senteval").is_dir() and (d / STSB_FILE).is_file():
         return d
     if fetch:
-        print(f"data folder {d} is missing or incomplete (no senteval/ or {STSB_FILE}): downloading it", file=sys.stderr)
+        print(f"data folder {d} lacks senteval/ or {STSB_FILE}: downloading them", file=sys.stderr)
         download(d)
         return d
     source = "--data-dir" if arg else "$SG_DATA" if os.environ.get("SG_DATA") else "the default ./data"
@@ -254,8 +254,8 @@ def download(data_dir, senteval_url=SENTEVAL_URL, stsb_url=STSB_URL, counts=COUN
         except OSError as e:  # urllib.error.URLError is an OSError, so are disk errors
             raise DataError(f"download failed ({e}). Without a network, put SentEval's processed data folder "
                             f"(data/downstream/ of SentEval, or downstream/ from SimCSE's senteval.tar at "
-                            f"{senteval_url}) at {d / 'senteval'} and {stsb_url} at {d / STSB_FILE}, or point --data-dir / "
-                            "SG_DATA to a folder that holds them") from None
+                            f"{senteval_url}) at {d / 'senteval'} and {stsb_url} at {d / STSB_FILE}, or point "
+                            "--data-dir / SG_DATA to a folder that holds them") from None
         except tarfile.TarError as e:
             raise DataError(f"{senteval_url}: not a readable tar ({e})") from None
         try:

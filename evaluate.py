@@ -236,7 +236,7 @@ def main(argv=None):
         print_layerwise(results["layerwise"], title)
         print(f"layer-wise evaluation took {results['seconds']:.1f} s")
         if args.plot:
-            plot_layerwise(results["layerwise"], args.plot, f"STS-B test, {Path(name).name}")
+            plot_layerwise(results["layerwise"], args.plot, f"STS-B test, {'/'.join(Path(name).parts[-2:])}")
             print(f"plot written to {args.plot}")
     else:
         print_table(results, tasks, f"STS Spearman x100 | {name} | pooling {args.pooling} | layer {args.layer} | "

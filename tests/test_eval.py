@@ -179,7 +179,8 @@ def test_evaluate_model_vs_pairwise_oracle(tiny_data, tiny_model):
     for name in data.TASKS:
         sims, golds = [], []
         for s1, s2, gold in data.load_task(name, root).values():
-            e1, e2 = (torch.from_numpy(bert.encode(model, tok, s, pooling="mean", layer=1, batch_size=1)) for s in (s1, s2))
+            e1, e2 = (torch.from_numpy(bert.encode(model, tok, s, pooling="mean", layer=1, batch_size=1))
+                      for s in (s1, s2))
             sims.append(torch.nn.functional.cosine_similarity(e1.double(), e2.double()).numpy())
             golds.append(gold)
         rhos = [100 * spearmanr(s, g).statistic for s, g in zip(sims, golds)]
@@ -202,7 +203,8 @@ def test_encode_layers_matches_encode(tiny_model):
 def test_cli_json_and_layerwise(tiny_data, tiny_model, tmp_path, capsys):
     root = tiny_data[0]
     out = tmp_path / "r.json"
-    evaluate.main(["--model", str(tiny_model), "--data-dir", str(root), "--json", str(out), "--tasks", "STS13", "SICK-R"])
+    evaluate.main(["--model", str(tiny_model), "--data-dir", str(root), "--json", str(out),
+                   "--tasks", "STS13", "SICK-R"])
     res = json.loads(out.read_text())
     assert set(res) >= {"STS13", "SICKRelatedness", "avg", "model", "pooling", "seconds"}
     assert set(res["STS13"]) == {"all", "wmean", "mean"}
