@@ -1,6 +1,6 @@
 """Side-by-side benchmarks of sgbert against its references.
 
-    python bench.py [--json FILE] [--only loss,encoder,step,sts] [--repeats 7]
+    python bench.py [--json FILE] [--only loss,encoder,step,sts] [--repeats 7] [--threads N]
 
 One function per section, bench_<name>(results, args): it prints its lines and fills results[<name>]. Sections
 not written yet are None in SECTIONS and are skipped. Shared rules, so that ratios mean something:
@@ -58,7 +58,7 @@ def peak_rss_mb(case, kwargs, warmup=None):
     contender, so that pages another contender freed (and the allocator kept) cannot hide this one's peak.
     Returns None where /proc/self/clear_refs is not available.
     """
-    spec = json.dumps(dict(case=case, kwargs=kwargs, warmup=warmup))
+    spec = json.dumps(dict(case=case, kwargs=kwargs, warmup=warmup, threads=torch.get_num_threads()))
     out = subprocess.run([sys.executable, os.path.abspath(__file__), "--peak-child", spec],
                          capture_output=True, text=True)
     assert out.returncode == 0, f"peak-memory child for {case} {kwargs} failed:\n{out.stderr[-2000:]}"
@@ -71,6 +71,7 @@ def _status_kib(field):  # VmRSS (resident now) or VmHWM (peak resident since th
 
 
 def _peak_child(spec):
+    torch.set_num_threads(spec["threads"])
     make = CASES[spec["case"]]
     if spec["warmup"]:
         make(**spec["warmup"])()
@@ -179,10 +180,14 @@ def main():
     ap.add_argument("--json", help="also write the results to this JSON file")
     ap.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated sections out of {','.join(SECTIONS)}")
     ap.add_argument("--repeats", type=int, default=7, help="timed runs per contender (medians are reported)")
+    ap.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice); 1 is steadier on a "
+                    "machine shared with other jobs")
     ap.add_argument("--peak-child", help=argparse.SUPPRESS)  # internal: one peak_rss_mb measurement
     args = ap.parse_args()
     if args.peak_child:
         return _peak_child(json.loads(args.peak_child))
+    if args.threads:
+        torch.set_num_threads(args.threads)
     names = [s for s in args.only.split(",") if s]
     unknown = [s for s in names if s not in SECTIONS]
     if unknown:
