@@ -168,8 +168,9 @@ def main(argv=None):
     bert_T = copy.deepcopy(bert_F).train().requires_grad_(True)
     bert_T.embeddings.requires_grad_(False)
     head = (sg_loss.ProjectionHead(cfg.hidden_size, args.proj_size) if not args.no_proj else torch.nn.Identity()).to(device)
+    # eps: transformers.AdamW's default; fused: one kernel over all parameters (about 5x faster than the loop on CPU)
     optimizer = torch.optim.AdamW(param_groups([bert_T, head], args.weight_decay), lr=args.lr, betas=(0.9, 0.9),
-                                  eps=1e-6)  # eps: transformers.AdamW's default
+                                  eps=1e-6, fused=True)
     trainable = [p for g in optimizer.param_groups for p in g["params"]]
     n_batches = len(sentences) // args.batch_size + (len(sentences) % args.batch_size >= 2)  # a last batch of 1 has no negatives
     total = args.max_steps or args.epochs * n_batches
