@@ -317,6 +317,7 @@ def save_checkpoint(path, model, meta):
     os.close(fd)
     try:
         save_file(tensors, tmp, metadata=meta)
+        os.chmod(tmp, 0o644)  # mkstemp makes the file private; a checkpoint is meant to be shared
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
@@ -401,24 +402,31 @@ def pool(hidden_states, attention_mask, pooling="cls", layer=-1):
 POOLINGS = ("cls", "mean", "max", "first-last", "last2")
 
 
-@torch.inference_mode()
 def encode(model, tokenizer, sentences, pooling="cls", layer=-1, batch_size=64):
     """Embed sentences: numpy float32 (n, H), in input order. Batches hold sentences of similar length,
     which cuts the padding (and the time) several-fold on real data."""
-    assert pooling in POOLINGS, f"unknown pooling '{pooling}': use one of {POOLINGS}"
+    return encode_many(model, tokenizer, sentences, [(pooling, layer)], batch_size)[pooling, layer]
+
+
+@torch.inference_mode()
+def encode_many(model, tokenizer, sentences, specs, batch_size=64):
+    """encode for several (pooling, layer) pairs from one forward pass per batch: {(pooling, layer): (n, H)}."""
     L = model.config.num_hidden_layers
-    assert -L - 1 <= layer <= L, f"layer {layer} out of range for a model with {L} layers (0..{L})"
+    for pooling, layer in specs:
+        assert pooling in POOLINGS, f"unknown pooling '{pooling}': use one of {POOLINGS}"
+        assert -L - 1 <= layer <= L, f"layer {layer} out of range for a model with {L} layers (0..{L})"
     device = next(model.parameters()).device
-    pad_id = model.config.pad_token_id
-    out = np.zeros((len(sentences), model.config.hidden_size), dtype=np.float32)
+    out = {spec: np.zeros((len(sentences), model.config.hidden_size), dtype=np.float32) for spec in specs}
     encodings = tokenizer.encode_batch(list(sentences)) if len(sentences) else []
     order = sorted(range(len(sentences)), key=lambda i: len(encodings[i].ids))
     was_training = model.training
     model.eval()
     for s in range(0, len(order), batch_size):
         idx = order[s:s + batch_size]
-        ids, mask = batch_tensors([encodings[i] for i in idx], pad_id, device)
-        out[idx] = pool(model(ids, mask), mask, pooling, layer).float().cpu().numpy()
+        ids, mask = batch_tensors([encodings[i] for i in idx], model.config.pad_token_id, device)
+        hidden_states = model(ids, mask)
+        for (pooling, layer), arr in out.items():
+            arr[idx] = pool(hidden_states, mask, pooling, layer).float().cpu().numpy()
     model.train(was_training)
     return out
 
@@ -481,7 +489,6 @@ def export(src, out_dir, force=False):
             (tmp / name).write_text(text, encoding="utf-8")
         # weights + pooler (model.extra) under HF BertModel names; the metadata keeps it a whole sgbert checkpoint too
         save_checkpoint(tmp / "model.safetensors", model, {**meta, "tokenizer": tok.to_str()})
-        (tmp / "model.safetensors").chmod(0o644)  # save_checkpoint's mkstemp makes it private
         old = tmp.with_name(tmp.name + "-old")
         if out.exists():  # --force (or an empty folder): move the old one aside, rename the new in, delete the old
             out.rename(old)

@@ -92,33 +92,13 @@ def stsb_spearman(model, tokenizer, data_dir, split="dev", pooling="cls", batch_
     return spearman(similarities(emb, index, s1, s2), gold)
 
 
-@torch.inference_mode()
-def encode_layers(model, tokenizer, sentences, poolings=LAYERWISE_POOLINGS, batch_size=64):
-    """bert.encode for every layer 0..L and pooling at once, from one forward pass per batch (the same length-sorted
-    batches): {(pooling, layer): float32 (n, H)}. One pass instead of (L+1) x len(poolings) of them."""
-    L, H = model.config.num_hidden_layers, model.config.hidden_size
-    out = {(p, k): np.zeros((len(sentences), H), dtype=np.float32) for p in poolings for k in range(L + 1)}
-    encodings = tokenizer.encode_batch(list(sentences))
-    order = sorted(range(len(sentences)), key=lambda i: len(encodings[i].ids))
-    device = next(model.parameters()).device
-    was_training = model.training
-    model.eval()
-    for s in range(0, len(order), batch_size):
-        idx = order[s:s + batch_size]
-        ids, mask = bert.batch_tensors([encodings[i] for i in idx], model.config.pad_token_id, device)
-        hidden_states = model(ids, mask)  # list of L+1 (B, T, H)
-        for (p, k), arr in out.items():
-            arr[idx] = bert.pool(hidden_states, mask, p, k).float().cpu().numpy()
-    model.train(was_training)
-    return out
-
-
 def layerwise(model, tokenizer, data_dir, batch_size=64):
     """The paper's Figure 1: STS-B test Spearman x100 -> {pooling: [layer 0, layer 1, ..., layer L]}."""
     s1, s2, gold = load_stsb("test", data_dir)
     uniq, index = unique_sentences([(s1, s2, gold)])
-    embs = encode_layers(model, tokenizer, uniq, batch_size=batch_size)
     L = model.config.num_hidden_layers
+    embs = bert.encode_many(model, tokenizer, uniq, [(p, k) for p in LAYERWISE_POOLINGS for k in range(L + 1)],
+                            batch_size=batch_size)  # one forward pass per batch for all layers and poolings
     return {p: [spearman(similarities(embs[p, k], index, s1, s2), gold) for k in range(L + 1)]
             for p in LAYERWISE_POOLINGS}
 

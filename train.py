@@ -269,6 +269,7 @@ def main(argv=None):
                 dev = dev_score()
                 since_best = 0 if save_if_best(step, dev) else since_best + 1
                 print(f"eval step {step} | STS-B dev {dev:.2f} | best {best['dev']:.2f} (step {best['step']})")
+                t_log = time.time()  # the next log line times training steps, not this evaluation
                 if args.patience and since_best >= args.patience:
                     stop = f"early stop: no new best in {args.patience} evaluations"
                     break

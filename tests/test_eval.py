@@ -191,13 +191,17 @@ def test_evaluate_model_vs_pairwise_oracle(tiny_data, tiny_model):
     assert test == pytest.approx(evaluate.evaluate_model(model, tok, ["STSBenchmark"], root, "mean")["avg"]["all"])
 
 
-def test_encode_layers_matches_encode(tiny_model):
+def test_layerwise_matches_one_encode_per_layer(tiny_data, tiny_model):
+    root = tiny_data[0]
     model, tok = bert.Bert.from_pretrained(tiny_model), bert.load_tokenizer(tiny_model)
-    sents = ["anchor", "w1 x2 w3", "left right", "w9 " * 20, "x1"]
-    out = evaluate.encode_layers(model, tok, sents, batch_size=2)
-    assert len(out) == 3 * (model.config.num_hidden_layers + 1)
-    for (p, k), emb in out.items():
-        np.testing.assert_allclose(emb, bert.encode(model, tok, sents, pooling=p, layer=k, batch_size=2), atol=1e-6)
+    table = evaluate.layerwise(model, tok, root, batch_size=2)  # one forward pass per batch for every layer x pooling
+    assert set(table) == {"cls", "mean", "max"} and all(len(v) == model.config.num_hidden_layers + 1 for v in table.values())
+    s1, s2, gold = data.load_stsb("test", root)
+    for p, rhos in table.items():
+        for k, rho in enumerate(rhos):  # oracle: each side encoded on its own, one layer at a time, other batches
+            e1, e2 = (bert.encode(model, tok, s, pooling=p, layer=k, batch_size=3) for s in (s1, s2))
+            ref = evaluate.spearman(evaluate.cosine(e1, e2), gold)
+            assert (np.isnan(rho) and np.isnan(ref)) or rho == pytest.approx(ref, abs=1e-6), (p, k)
 
 
 def test_cli_json_and_layerwise(tiny_data, tiny_model, tmp_path, capsys):
