@@ -163,6 +163,9 @@ def main(argv=None):
     torch.manual_seed(args.seed)
     gen = torch.Generator().manual_seed(args.seed)  # shuffle and layer sampling
 
+    if args.eval_only:
+        return final_report(args, bert_F.to(device), tokenizer, data_dir, None, device)
+
     # ---- BERT_F: frozen, never in the autograd graph; BERT_T: a copy whose embedding block is frozen
     bert_F = bert_F.to(device).train(args.teacher_dropout == "on").requires_grad_(False)
     bert_T = copy.deepcopy(bert_F).train().requires_grad_(True)
@@ -192,14 +195,11 @@ def main(argv=None):
     best = {"step": -1, "dev": -math.inf}
 
     def save_if_best(step, dev):
-        if dev > best["dev"]:
+        if dev > best["dev"] or best["step"] < 0:  # step 0 is always kept, even with a NaN score
             best.update(step=step, dev=dev)
             bert.save_checkpoint(args.out, bert_T, {**meta, "best": best})
             return True
         return False
-
-    if args.eval_only:
-        return final_report(args, bert_F.eval(), tokenizer, data_dir, None, device)
 
     # ---- the loop
     phase = dict.fromkeys(["BERT_F fwd", "BERT_T fwd+bwd", "loss", "reg", "optim"], 0.0)
@@ -276,6 +276,8 @@ def main(argv=None):
     except KeyboardInterrupt:
         stop = f"interrupted at step {step}"
     wall = time.time() - t_start
+    if best["step"] < 0:
+        die(f"{stop} before the first checkpoint was written")
     if stop:
         print(f"{stop}; the best checkpoint so far (step {best['step']}, dev {best['dev']:.2f}) is {args.out}")
     if step:
