@@ -515,8 +515,8 @@ def export_readme(name, meta, args, best, cfg, max_len):
         lines += ["## Training", "", f"- loss: `{args.get('loss', '?')}`",
                   "- arguments: " + ", ".join(f"`{k}={v}`" for k, v in args.items())]
         if "dev" in best:
-            lines += [f"- best STS-B dev Spearman x100: {best['dev']}" + (f" (step {best['step']})" if "step" in best
-                                                                          else "")]
+            dev = f"{best['dev']:.2f}" if isinstance(best["dev"], (int, float)) else best["dev"]
+            lines += [f"- best STS-B dev Spearman x100: {dev}" + (f" (step {best['step']})" if "step" in best else "")]
         lines += [""]
     lines += ["## Loading", "", "sgbert (`pooling=\"cls\"` matters: other poolings give other vectors):", "```python",
               "from bert import Bert, load_tokenizer, encode", f"model, tok = Bert.from_pretrained(\"{name}\"), "

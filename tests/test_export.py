@@ -88,7 +88,7 @@ def test_readme_reports_training(tiny_ckpt, tmp_path):
                               "best": {"step": 350, "dev": 81.2}})
     out = export(ckpt, tmp_path / "out")
     readme = (out / "README.md").read_text()
-    for s in ("`tiny-bert`", "loss: `sg-opt`", "`tau=0.01`", "`lam=0.1`", "81.2 (step 350)", "pooling=\"cls\"",
+    for s in ("`tiny-bert`", "loss: `sg-opt`", "`tau=0.01`", "`lam=0.1`", "81.20 (step 350)", "pooling=\"cls\"",
               "last_hidden_state[:, 0]", "SentenceTransformer(\"out\")"):
         assert s in readme, s
     assert json.loads((out / "sentence_bert_config.json").read_text()) == {"max_seq_length": 48, "do_lower_case": False}
