@@ -309,7 +309,7 @@ def make_step_run(impl, path, data_dir=None, batch_size=16, steps=1, device="cpu
     from transformers.BertModel with the official formulation of the loss and of the regulariser. Both start from
     the same weights, the same head and the same batches, so they compute the same numbers (dropout=False makes
     them deterministic)."""
-    import train  # the one import from the floor above: its param groups and view pooling, so the step is train.py's
+    import train  # the one import from the floor above: the step is built from train.py's own pieces
     device = torch.device(device)
     batches = itertools.cycle(step_batches(path, data_dir, batch_size, device=device))
     if impl == "sgbert":
@@ -333,13 +333,9 @@ def make_step_run(impl, path, data_dir=None, batch_size=16, steps=1, device="cpu
 
     def step_ours(ids, mask):  # train.py's loop body, loss "opt", all views, mean-pooled
         with torch.no_grad(), autocast:
-            hs = bert_F(ids, mask)
-            h = torch.stack([train.pool_view(x, mask, "mean") for x in hs], 1)  # (b, L, H)
+            h = train.layer_views(bert_F, ids, mask, range(len(bert_F.encoder.layer) + 1))  # (b, L, H)
         with autocast:
-            c = bert_T(ids, mask)[-1][:, 0]  # (b, H)
-            b, L, H = h.shape
-            z = head(torch.cat([c, h.reshape(b * L, H)]))
-            zc, zh = z[:b].float(), z[b:].float().view(b, L, -1)
+            zc, zh = train.project(head, bert_T(ids, mask)[-1][:, 0], h)
         loss = sg_loss.sg_opt(zc, zh, tau)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -357,9 +353,7 @@ def make_step_run(impl, path, data_dir=None, batch_size=16, steps=1, device="cpu
             hs = bert_F(input_ids=ids, attention_mask=mask, output_hidden_states=True).hidden_states
             h = torch.stack([bert.masked_mean(x, mask) for x in hs], 1)  # (b, L, H), the same views
             c = bert_T(input_ids=ids, attention_mask=mask).last_hidden_state[:, 0]
-            b, L, H = h.shape
-            z = head(torch.cat([c, h.reshape(b * L, H)]))
-            zc, zh = z[:b].float(), z[b:].float().view(b, L, -1)
+            zc, zh = train.project(head, c, h)  # the same head, the same way
         loss = official_sg_opt(zc, zh, tau)  # the loss section's reference formulation
         # the official regulariser: a Python loop of per-parameter norms, added to the loss and backpropagated
         reg = 0.0

@@ -219,23 +219,20 @@ def main(argv=None):
 
             # views h_ik: every selected hidden state of BERT_F, pooled over all tokens ([CLS]/[SEP] included)
             with torch.no_grad(), autocast:
-                hs = bert_F(ids, mask)
-                h = torch.stack([pool_view(hs[k], mask, args.view_pooling) for k in layers], 1)  # (b, L, H)
+                h = layer_views(bert_F, ids, mask, layers, args.view_pooling)  # (b, L, H)
             sync(device); t1 = time.perf_counter()
 
             # sentence vectors c_i: BERT_T's last-layer [CLS]; one shared head f maps c and h
             with autocast:
                 c = bert_T(ids, mask)[-1][:, 0]  # (b, H)
-                b, L, H = h.shape
-                z = head(torch.cat([c, h.reshape(b * L, H)]))
-                zc, zh = z[:b].float(), z[b:].float().view(b, L, -1)  # (b, p), (b, L, p): the loss runs in fp32
+                zc, zh = project(head, c, h)  # (b, p), (b, L, p), fp32: the loss runs in fp32
             t2 = time.perf_counter()
             if args.loss == "opt":
                 loss = sg_loss.sg_opt(zc, zh, args.tau)
             else:  # one view per sentence, its layer sampled uniformly
+                b, L = h.shape[:2]
                 k = torch.randint(L, (b,), generator=gen).to(device)
-                loss = getattr(sg_loss, {"sg": "nt_xent", "opt1": "opt1", "opt2": "opt2"}[args.loss])(
-                    zc, zh[torch.arange(b, device=device), k], args.tau)
+                loss = LOSSES[args.loss](zc, zh[torch.arange(b, device=device), k], args.tau)
             sync(device); t3 = time.perf_counter()
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -291,9 +288,22 @@ def main(argv=None):
     return result
 
 
-def pool_view(x, mask, pooling):
-    """A view of one hidden state: x (b, T, H), mask (b, T) -> (b, H), over all real tokens."""
-    return bert.masked_mean(x, mask) if pooling == "mean" else bert.pool([x], mask, "max")
+LOSSES = {"sg": sg_loss.nt_xent, "opt1": sg_loss.opt1, "opt2": sg_loss.opt2}  # the one-view-per-sentence losses
+
+
+def layer_views(bert_F, ids, mask, layers, pooling="mean"):
+    """The views h_ik: BERT_F's hidden states `layers`, each pooled over all real tokens ([CLS]/[SEP] included)
+    -> (b, L, H)."""
+    hs = bert_F(ids, mask)
+    pool = bert.masked_mean if pooling == "mean" else lambda x, m: bert.pool([x], m, "max")
+    return torch.stack([pool(hs[k], mask) for k in layers], 1)
+
+
+def project(head, c, h):
+    """One pass of the shared head f over c (b, H) and h (b, L, H) -> f(c) (b, p) and f(h) (b, L, p), in fp32."""
+    b, L, H = h.shape
+    z = head(torch.cat([c, h.reshape(b * L, H)]))
+    return z[:b].float(), z[b:].float().view(b, L, -1)
 
 
 def final_report(args, model, tokenizer, data_dir, best, device):
