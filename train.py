@@ -48,7 +48,10 @@ def get_args(argv=None):
     a("--epochs", type=int, default=1, help="passes over the training sentences")
     a("--max-steps", type=int, default=0, help="stop after this many steps (0: run the epochs)")
     a("--eval-every", type=int, default=50, help="STS-B dev evaluation every N steps (and at step 0 and the last step)")
-    a("--patience", type=int, default=10, help="stop after N evaluations without a new best dev score (0: never)")
+    a("--patience", type=int, default=10, help="early stop after N counted evaluations (0: never); see --early-stop")
+    a("--early-stop", default="code", choices=["code", "best"],
+      help="code: count evaluations whose dev score fell below the previous evaluation's, over the whole run (the "
+           "official code); best: count evaluations since the last new best")
     a("--max-len", type=int, default=128, help="tokens per sentence, [CLS]/[SEP] included; longer ones are truncated")
     a("--view-pooling", default="mean", choices=["mean", "max"],
       help="how a layer of BERT_F is pooled into a view h_ik. code: mean, paper: max")
@@ -60,11 +63,13 @@ def get_args(argv=None):
     a("--data", default="stsb", help="'stsb' (all 17,256 STS-B sentences, as the official code) or a text file, one per line")
     a("--data-dir", default=None, help="data folder with senteval/ and stsbenchmark.tsv.gz (default $SG_DATA, else ./data)")
     a("--out", default="sg.safetensors", help="where the best checkpoint is written")
+    a("--overwrite", action="store_true", help="allow an existing --out; it is replaced only once this run has a "
+      "checkpoint to put in its place")
     a("--json", default=None, help="write the final results to this JSON file")
     a("--eval-all", action="store_true", help="at the end, evaluate the best checkpoint on all 7 STS tasks")
     a("--eval-only", action="store_true", help="sanity check: evaluate the base model on STS-B dev/test (and all 7 "
       "tasks with --eval-all) and exit, reproducing the paper's untrained [CLS] baseline")
-    a("--seed", type=int, default=42, help="seed for the head init, the shuffle, layer sampling and dropout")
+    a("--seed", type=int, default=1, help="seed for the head init, the shuffle, layer sampling and dropout")
     a("--device", default="auto", choices=["auto", "cpu", "cuda"], help="auto: cuda when available")
     a("--log-every", type=int, default=10, help="one log line every N steps")
     a("--overfit-batch", action="store_true", help="sanity check: train on the first batch over and over (loss must fall)")
@@ -85,6 +90,9 @@ def check_args(args):
         die(f"--tau {args.tau}: the temperature must be > 0")
     if args.max_len < 3:
         die(f"--max-len {args.max_len}: need room for [CLS], one token and [SEP]")
+    if Path(args.out).exists() and not args.overwrite:
+        die(f"--out {args.out} exists: pass --overwrite to replace it (it is kept until this run has a checkpoint of "
+            f"its own), or choose another --out")
     out_dir = Path(args.out).resolve().parent
     if not out_dir.is_dir():
         die(f"--out {args.out}: the folder {out_dir} does not exist")
@@ -107,12 +115,23 @@ def view_layers(spec, n_hidden):
 
 
 def get_lr(step, total, peak):
-    """Linear warm-up over the first 10% of the steps, then linear decay to 0 (as transformers'
-    get_linear_schedule_with_warmup, which the official code uses)."""
+    """Linear warm-up over the first 10% of the steps, then linear decay to 0: transformers'
+    get_linear_schedule_with_warmup, which the official code uses, so step 0 runs at lr 0 (tests check it)."""
     warmup = math.ceil(0.1 * total)
     if step < warmup:
-        return peak * (step + 1) / warmup
+        return peak * step / warmup
     return peak * max(0.0, (total - step) / max(1, total - warmup))
+
+
+def early_stop(scores, rule, patience):
+    """Stop now? `scores`: the dev scores so far, step 0 first. 'code' (the official code): count the evaluations
+    whose score fell below the previous evaluation's (the first is compared with 0), over the whole run, never
+    reset. 'best': count the evaluations since the last new best. Stop when the count reaches `patience` (0: never)."""
+    if not patience:
+        return False
+    if rule == "code":
+        return sum(s < prev for s, prev in zip(scores, [0.0] + scores[:-1])) >= patience
+    return len(scores) - 1 - scores.index(max(scores)) >= patience
 
 
 def param_groups(modules, weight_decay):
@@ -192,25 +211,33 @@ def main(argv=None):
         return evaluate.stsb_spearman(bert_T, tokenizer, data_dir, "dev", batch_size=args.eval_batch_size)
 
     meta = {"tokenizer": tokenizer.to_str(), "base_model": str(args.model), "args": vars(args), "git": git_sha()}
-    best = {"step": -1, "dev": -math.inf}
+    best = {"step": -1, "dev": -math.inf, "saved": False}  # the best evaluation so far, and whether --out holds it
+    keep_old = Path(args.out).exists()  # --overwrite: the old file stays until this run has a checkpoint to replace it
+
+    def save(model, step, dev):
+        bert.save_checkpoint(args.out, model, {**meta, "best": {"step": step, "dev": dev}})
+        best["saved"] = True  # only once the file is in place
 
     def save_if_best(step, dev):
-        if dev > best["dev"] or best["step"] < 0:  # step 0 is always kept, even with a NaN score
-            best.update(step=step, dev=dev)
-            bert.save_checkpoint(args.out, bert_T, {**meta, "best": best})
-            return True
-        return False
+        if not math.isfinite(dev):  # never let a NaN score pick the "best" model
+            kept = f"the best checkpoint so far (step {best['step']}) is {args.out}" if best["saved"] else "no checkpoint written"
+            die(f"STS-B dev Spearman is {dev} at step {step} (constant sentence vectors?); {kept}")
+        if dev > best["dev"]:
+            best.update(step=step, dev=dev, saved=False)
+            if step > 0 or not keep_old:  # step 0 is the base model: not worth replacing an existing file mid-run
+                save(bert_T, step, dev)
 
     # ---- the loop
     phase = dict.fromkeys(["BERT_F fwd", "BERT_T fwd+bwd", "loss", "reg", "optim"], 0.0)
-    stop, since_best, step, t_start, history = None, 0, 0, time.time(), []
+    stop, step, t_start, history, scores = None, 0, time.time(), [], []
     data_iter = batches()
     if args.overfit_batch:
         data_iter = itertools.repeat(next(data_iter))
     try:
         dev = dev_score()
         save_if_best(0, dev)
-        print(f"eval step 0 | STS-B dev {dev:.2f} | best {best['dev']:.2f} (step {best['step']})")
+        scores.append(dev)
+        print(f"eval step 0 | STS-B dev {dev:.2f}")
         t_log = time.time()
         while step < total:
             batch = next(data_iter)
@@ -264,17 +291,20 @@ def main(argv=None):
                       f"| lr {lr:.2e} | {1000 * dt:.0f} ms/step | {args.batch_size / dt:.0f} sent/s | ETA {eta / 60:.1f} min")
             if step % args.eval_every == 0 or step == total:
                 dev = dev_score()
-                since_best = 0 if save_if_best(step, dev) else since_best + 1
+                save_if_best(step, dev)
+                scores.append(dev)
                 print(f"eval step {step} | STS-B dev {dev:.2f} | best {best['dev']:.2f} (step {best['step']})")
                 t_log = time.time()  # the next log line times training steps, not this evaluation
-                if args.patience and since_best >= args.patience:
-                    stop = f"early stop: no new best in {args.patience} evaluations"
+                if early_stop(scores, args.early_stop, args.patience):
+                    stop = f"early stop ({args.early_stop} rule, patience {args.patience})"
                     break
     except KeyboardInterrupt:
         stop = f"interrupted at step {step}"
     wall = time.time() - t_start
-    if best["step"] < 0:
-        die(f"{stop} before the first checkpoint was written")
+    if not best["saved"] and best["step"] == 0 and not (stop or "").startswith("interrupted"):
+        save(bert_F, 0, best["dev"])  # the run is over and the base model (BERT_F's weights) stayed the best
+    if not best["saved"]:
+        die(f"{stop or 'stopped'} before this run wrote a checkpoint" + (f"; the previous {args.out} is kept" if keep_old else ""))
     if stop:
         print(f"{stop}; the best checkpoint so far (step {best['step']}, dev {best['dev']:.2f}) is {args.out}")
     if step:
@@ -282,10 +312,25 @@ def main(argv=None):
     result = final_report(args, bert.Bert.from_pretrained(args.out).to(device), tokenizer, data_dir, best, device)
     result.update(steps=step, losses=history, wall_seconds=wall, ms_per_step={k: 1000 * v / max(step, 1) for k, v in phase.items()}, stop=stop)
     if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2))
+        write_json(args.json, result)
     if stop and stop.startswith("non-finite"):
         sys.exit(1)
     return result
+
+
+def write_json(path, obj):
+    """Write obj as JSON atomically (a temp file renamed over path): a reader sees the old file or the new one.
+    NaN / inf become null, so the file is valid JSON."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    def finite(x):  # NaN / inf -> null: strict JSON
+        if isinstance(x, dict):
+            return {k: finite(v) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return [finite(v) for v in x]
+        return None if isinstance(x, float) and not math.isfinite(x) else x
+    tmp.write_text(json.dumps(finite(obj), indent=2, allow_nan=False) + "\n")
+    os.replace(tmp, path)
 
 
 LOSSES = {"sg": sg_loss.nt_xent, "opt1": sg_loss.opt1, "opt2": sg_loss.opt2}  # the one-view-per-sentence losses
@@ -307,12 +352,16 @@ def project(head, c, h):
 
 
 def final_report(args, model, tokenizer, data_dir, best, device):
-    """STS-B dev and test Spearman of the best weights (the official code evaluates the last ones by mistake)."""
+    """STS-B dev and test Spearman of the best weights (the official code evaluates the last ones by mistake), and
+    the STS-B test inference time (the paper's Table 6)."""
     dev = evaluate.stsb_spearman(model, tokenizer, data_dir, "dev", batch_size=args.eval_batch_size)
+    sync(device); t0 = time.perf_counter()
     test = evaluate.stsb_spearman(model, tokenizer, data_dir, "test", batch_size=args.eval_batch_size)
+    sync(device); test_seconds = time.perf_counter() - t0
     what = "base model" if best is None else f"best checkpoint {args.out} (step {best['step']})"
-    print(f"{what} | STS-B dev {dev:.2f} | STS-B test {test:.2f}")
-    result = {"best_step": None if best is None else best["step"], "dev": dev, "test": test}
+    print(f"{what} | STS-B dev {dev:.2f} | STS-B test {test:.2f} ({test_seconds:.1f} s)")
+    result = {"best_step": None if best is None else best["step"], "dev": dev, "test": test,
+              "test_seconds": test_seconds}
     if args.eval_all:
         table = evaluate.evaluate_model(model, tokenizer, data.TASKS, data_dir, batch_size=args.eval_batch_size)
         evaluate.print_table(table, data.TASKS, f"{args.out}: 7 STS tasks, [CLS] of the best checkpoint")

@@ -97,8 +97,8 @@ def test_one_batch_repeated_drives_the_loss_down(world):
 
 
 def test_same_seed_same_run(world):
-    a, b = run(world)["losses"], run(world)["losses"]
-    c = run(world, "--seed", "7")["losses"]
+    a, b = run(world)["losses"], run(world, "--overwrite")["losses"]
+    c = run(world, "--seed", "7", "--overwrite")["losses"]
     assert a == b and a != c
 
 
@@ -192,3 +192,69 @@ def test_bad_training_file(world, capsys):
     with pytest.raises(SystemExit):
         run(world)
     assert "no sentences" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("total", [10, 17, 1079])
+def test_warmup_and_decay_equal_transformers_schedule(total):
+    transformers = pytest.importorskip("transformers")
+    warmup = -(-total // 10)  # ceil(0.1 * total), as train.get_lr
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=5e-5)
+    sched = transformers.get_linear_schedule_with_warmup(opt, warmup, total)
+    expected = []
+    for _ in range(total + 1):
+        expected.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    for step in (0, 1, warmup - 1, warmup, warmup + 1, total - 1, total):
+        assert train.get_lr(step, total, 5e-5) == pytest.approx(expected[step], abs=1e-15), step
+    assert train.get_lr(0, total, 5e-5) == 0.0
+
+
+@pytest.mark.parametrize("scores, rule, patience, stops_at", [
+    ([10, 9, 11, 10, 12, 11], "code", 3, 5),  # falls at evals 1, 3, 5 (cumulative, never reset)
+    ([10, 9, 11, 10, 12, 11], "best", 3, None),  # a new best every other eval
+    ([10, 12, 11, 11.5, 11.2, 11.4], "best", 3, 4),  # best at eval 1, then 3 evals without a new best
+    ([10, 12, 11, 11.5, 11.2, 11.4], "code", 3, None),  # only two falls (11 < 12, 11.2 < 11.5)
+    ([-5, -6, -7], "code", 2, 1),  # the first score is compared with 0, as the official code's last_score
+    ([10, 9, 8], "code", 0, None),  # patience 0: never
+])
+def test_early_stop_rules(scores, rule, patience, stops_at):
+    stops = [train.early_stop(scores[:n + 1], rule, patience) for n in range(len(scores))]
+    assert stops.index(True) == stops_at if stops_at is not None else not any(stops)
+
+
+def test_an_existing_out_is_refused_and_kept(world, capsys):
+    world["out"].write_bytes(b"an earlier model")
+    with pytest.raises(SystemExit) as e:
+        run(world)
+    assert e.value.code == 2 and "--overwrite" in capsys.readouterr().err
+    assert world["out"].read_bytes() == b"an earlier model"
+
+
+def test_overwrite_keeps_the_old_file_until_the_run_has_a_checkpoint(world, monkeypatch, capsys):
+    run(world)
+    old = world["out"].read_bytes()
+    crash_after(monkeypatch, 2, KeyboardInterrupt())  # stopped after one step, before any evaluation but step 0's
+    with pytest.raises(SystemExit) as e:
+        run(world, "--overwrite", "--seed", "5")
+    assert e.value.code == 2 and "previous" in capsys.readouterr().err
+    assert world["out"].read_bytes() == old
+    monkeypatch.undo()
+    run(world, "--overwrite", "--seed", "5")  # a finished run replaces it
+    assert world["out"].read_bytes() != old
+
+
+def test_a_nan_dev_score_fails_the_run(world, monkeypatch, capsys):
+    monkeypatch.setattr(evaluate, "stsb_spearman", lambda *a, **k: float("nan"))
+    with pytest.raises(SystemExit) as e:
+        run(world)
+    assert e.value.code == 2 and "dev Spearman is nan" in capsys.readouterr().err
+    assert not world["out"].exists()
+
+
+def test_json_is_written_atomically_and_valid(world, monkeypatch):
+    crash_after(monkeypatch, 5, None)  # a NaN loss lands in the history
+    with pytest.raises(SystemExit):
+        run(world, "--json", str(world["tmp"] / "r.json"))
+    r = json.loads((world["tmp"] / "r.json").read_text())  # strict JSON: NaN would not parse with allow_nan=False
+    assert r["losses"][-1][1] is None and not list(world["tmp"].glob(".*.tmp"))
