@@ -319,8 +319,7 @@ def make_step_run(impl, path, data_dir=None, batch_size=16, steps=1, device="cpu
     bert_F = bert_F.to(device).train(dropout)
     bert_T = copy.deepcopy(bert_F).train(dropout).requires_grad_(True)
     bert_T.embeddings.requires_grad_(False)  # as train.py: BERT_T's embeddings stay frozen
-    if impl == "sgbert":
-        bert_F.requires_grad_(False)  # as train.py: BERT_F is never in the autograd graph
+    bert_F.requires_grad_(False)  # both sides: the official code freezes BERT_F, as train.py does
     torch.manual_seed(seed)  # the same head on both sides
     head = sg_loss.ProjectionHead(bert_F.config.hidden_size, proj_size).to(device)
     # ours: train.py's fused AdamW. The reference: torch's default AdamW (a loop over the parameters on CPU), the
@@ -345,13 +344,12 @@ def make_step_run(impl, path, data_dir=None, batch_size=16, steps=1, device="cpu
         return loss.detach(), reg.detach()
 
     def step_reference(ids, mask):
-        # BERT_F runs with autograd on and its parameters requiring grad: the official code, as this project
-        # reads it, neither wraps BERT_F's forward in no_grad nor freezes it, only leaves it out of the optimizer
-        # (not re-checked against its source here). So its activations are kept for backward and its .grad is
-        # filled; we clear that .grad every step
-        with autocast:
+        # BERT_F frozen and run without autograd, as the official code does: what the reference differs in is
+        # transformers' BertModel, the official loss formulation, the norm-loop regulariser and a per-parameter AdamW
+        with torch.no_grad(), autocast:
             hs = bert_F(input_ids=ids, attention_mask=mask, output_hidden_states=True).hidden_states
             h = torch.stack([bert.masked_mean(x, mask) for x in hs], 1)  # (b, L, H), the same views
+        with autocast:
             c = bert_T(input_ids=ids, attention_mask=mask).last_hidden_state[:, 0]
             zc, zh = train.project(head, c, h)  # the same head, the same way
         loss = official_sg_opt(zc, zh, tau)  # the loss section's reference formulation
@@ -360,7 +358,6 @@ def make_step_run(impl, path, data_dir=None, batch_size=16, steps=1, device="cpu
         for p_T, p_F in zip(bert_T.parameters(), bert_F.parameters()):
             reg = reg + torch.norm(p_T - p_F) ** 2
         optimizer.zero_grad(set_to_none=True)
-        bert_F.zero_grad(set_to_none=True)
         (loss + lam * reg).backward()
         torch.nn.utils.clip_grad_norm_(trainable, 1.0)
         optimizer.step()

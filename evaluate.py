@@ -190,7 +190,8 @@ def main(argv=None):
         die(f"--json {args.json}: folder {Path(args.json).resolve().parent} does not exist")
     name = args.ckpt or args.model
     try:
-        model, tokenizer = bert.Bert.from_pretrained(name), bert.load_tokenizer(name)
+        model = bert.Bert.from_pretrained(name)  # truncate at the model's own limit (128 at most, as SentEval runs)
+        tokenizer = bert.load_tokenizer(name, max_len=min(128, model.config.max_position_embeddings))
     except bert.LoadError as e:  # its message names the file and what to do
         die(e)
     except (OSError, ValueError) as e:
