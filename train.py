@@ -13,14 +13,19 @@ state k -> BERT_T gives c_i, its last-layer [CLS] -> both go through one project
 The STS-B dev Spearman of BERT_T's [CLS] is measured at step 0, every --eval-every steps and at the last step;
 the best weights are what we save.
 """
+import os
+import signal
+import sys
+
+if __name__ == "__main__":  # Ctrl-C while torch loads: one line and exit code 130, not a traceback from an import
+    signal.signal(signal.SIGINT, lambda *_: (print("train.py: interrupted", file=sys.stderr), os._exit(130)))
+
 import argparse
 import copy
 import itertools
 import json
 import math
-import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -82,33 +87,62 @@ def die(msg):
     sys.exit(2)
 
 
+AT_LEAST = {"batch_size": 2, "epochs": 1, "eval_every": 1, "log_every": 1, "proj_size": 1, "eval_batch_size": 1,
+            "max_len": 3, "max_steps": 0, "patience": 0}  # integer flags and their smallest sensible value
+AT_LEAST_FLOAT = {"lr": 0.0, "lam": 0.0, "weight_decay": 0.0}  # and tau > 0
+
+
 def check_args(args):
     """Refuse bad input before any work starts, with one line that names the problem."""
-    if args.batch_size < 2:
-        die(f"--batch-size {args.batch_size}: SG-OPT needs at least 2 sentences per batch (the others are the negatives)")
-    if args.tau <= 0:
-        die(f"--tau {args.tau}: the temperature must be > 0")
-    if args.max_len < 3:
-        die(f"--max-len {args.max_len}: need room for [CLS], one token and [SEP]")
+    for k, low in AT_LEAST.items():
+        if getattr(args, k) < low:
+            why = {"batch_size": "the other sentences of the batch are the negatives",
+                   "max_len": "room for [CLS], one token and [SEP]"}.get(k, "")
+            die(f"--{k.replace('_', '-')} {getattr(args, k)}: must be at least {low}" + (f" ({why})" if why else ""))
+    for k, v in [*((k, getattr(args, k)) for k in AT_LEAST_FLOAT), ("tau", args.tau)]:
+        if not math.isfinite(v) or v < 0 or (k == "tau" and v == 0):
+            die(f"--{k.replace('_', '-')} {v}: must be a finite number " + ("> 0" if k == "tau" else ">= 0"))
+    if not 0 <= args.seed < 2 ** 63:
+        die(f"--seed {args.seed}: must be in 0 .. 2^63 - 1")
+    check_output("--out", args.out, ".safetensors")
     if Path(args.out).exists() and not args.overwrite:
         die(f"--out {args.out} exists: pass --overwrite to replace it (it is kept until this run has a checkpoint of "
             f"its own), or choose another --out")
-    out_dir = Path(args.out).resolve().parent
-    if not out_dir.is_dir():
-        die(f"--out {args.out}: the folder {out_dir} does not exist")
-    if not os.access(out_dir, os.W_OK):
-        die(f"--out {args.out}: the folder {out_dir} is not writable")
+    if args.json:
+        check_output("--json", args.json, ".json")
     if args.device == "cuda" and not torch.cuda.is_available():
         die("--device cuda: no CUDA device is available (use --device cpu)")
+    parse_slice(args.layers)
+
+
+def check_output(flag, path, suffix):
+    """An output file path: a file name with the suffix, in an existing writable folder, not a folder itself."""
+    p = Path(path)
+    if not p.name or p.is_dir() or p.suffix != suffix:
+        die(f"{flag} {path}: expected a file name ending in {suffix}")
+    if not p.resolve().parent.is_dir():
+        die(f"{flag} {path}: the folder {p.resolve().parent} does not exist")
+    if not os.access(p.resolve().parent, os.W_OK):
+        die(f"{flag} {path}: the folder {p.resolve().parent} is not writable")
+
+
+def parse_slice(spec):
+    """'A:B' or 'A:B:C' -> slice; a bare number is refused (':5' and '5:6' say what they mean)."""
+    parts = spec.split(":")
     try:
-        slice(*[int(x) if x else None for x in args.layers.split(":")])
-    except (ValueError, TypeError):
-        die(f"--layers {args.layers}: expected a slice A:B such as 0:7 or 1: or :")
+        if not 2 <= len(parts) <= 3:
+            raise ValueError
+        s = slice(*[int(x) if x.strip() else None for x in parts])
+    except ValueError:
+        die(f"--layers {spec}: expected a slice A:B such as 0:7, 1: or : (one layer k: k:k+1)")
+    if s.step == 0:
+        die(f"--layers {spec}: the slice step must not be 0")
+    return s
 
 
 def view_layers(spec, n_hidden):
     """Indices of the BERT_F hidden states (0 = embeddings .. l = last layer) that give views, from 'A:B'."""
-    layers = list(range(n_hidden))[slice(*[int(x) if x else None for x in spec.split(":")])]
+    layers = list(range(n_hidden))[parse_slice(spec)]
     if not layers:
         die(f"--layers {spec}: selects none of the {n_hidden} hidden states 0..{n_hidden - 1}")
     return layers
@@ -170,6 +204,8 @@ def main(argv=None):
         data_dir = data.resolve_data_dir(args.data_dir)
         sentences = data.training_sentences(args.data, data_dir)
         data.load_stsb("dev", data_dir)
+        for task in data.TASKS if args.eval_all else ["STSBenchmark"]:  # fail now, not after training
+            data.load_task(task, data_dir)
     except (bert.LoadError, data.DataError) as e:
         die(str(e))
     if len(sentences) < 2:
@@ -211,19 +247,26 @@ def main(argv=None):
         return evaluate.stsb_spearman(bert_T, tokenizer, data_dir, "dev", batch_size=args.eval_batch_size)
 
     meta = {"tokenizer": tokenizer.to_str(), "base_model": str(args.model), "args": vars(args), "git": git_sha()}
-    best = {"step": -1, "dev": -math.inf, "saved": False}  # the best evaluation so far, and whether --out holds it
+    best = {"step": -1, "dev": -math.inf}  # the best evaluation so far
+    saved = {}  # the step and dev score of the checkpoint in --out, once this run has written one
     keep_old = Path(args.out).exists()  # --overwrite: the old file stays until this run has a checkpoint to replace it
 
+    def kept():  # what --out holds now, for the last line of a run that stops early
+        return (f"the best checkpoint so far (step {saved['step']}, dev {saved['dev']:.2f}) is {args.out}" if saved
+                else f"the previous {args.out} is kept" if keep_old else "no checkpoint was written")
+
     def save(model, step, dev):
-        bert.save_checkpoint(args.out, model, {**meta, "best": {"step": step, "dev": dev}})
-        best["saved"] = True  # only once the file is in place
+        try:
+            bert.save_checkpoint(args.out, model, {**meta, "best": {"step": step, "dev": dev}})
+        except OSError as e:  # e.g. a full disk: the file in place is intact (the write is atomic)
+            die(f"cannot write {args.out} ({e.strerror or e}); {kept()}")
+        saved.update(step=step, dev=dev)  # only once the file is in place
 
     def save_if_best(step, dev):
         if not math.isfinite(dev):  # never let a NaN score pick the "best" model
-            kept = f"the best checkpoint so far (step {best['step']}) is {args.out}" if best["saved"] else "no checkpoint written"
-            die(f"STS-B dev Spearman is {dev} at step {step} (constant sentence vectors?); {kept}")
+            die(f"STS-B dev Spearman is {dev} at step {step} (constant sentence vectors?); {kept()}")
         if dev > best["dev"]:
-            best.update(step=step, dev=dev, saved=False)
+            best.update(step=step, dev=dev)
             if step > 0 or not keep_old:  # step 0 is the base model: not worth replacing an existing file mid-run
                 save(bert_T, step, dev)
 
@@ -299,14 +342,13 @@ def main(argv=None):
                     stop = f"early stop ({args.early_stop} rule, patience {args.patience})"
                     break
     except KeyboardInterrupt:
-        stop = f"interrupted at step {step}"
+        print(f"train.py: interrupted at step {step}; {kept()}", file=sys.stderr)
+        sys.exit(130)
     wall = time.time() - t_start
-    if not best["saved"] and best["step"] == 0 and not (stop or "").startswith("interrupted"):
-        save(bert_F, 0, best["dev"])  # the run is over and the base model (BERT_F's weights) stayed the best
-    if not best["saved"]:
-        die(f"{stop or 'stopped'} before this run wrote a checkpoint" + (f"; the previous {args.out} is kept" if keep_old else ""))
+    if saved.get("step") != best["step"]:  # the run is over and the base model stayed the best: now it replaces
+        save(bert_F, 0, best["dev"])         # the old file (BERT_F holds the base weights)
     if stop:
-        print(f"{stop}; the best checkpoint so far (step {best['step']}, dev {best['dev']:.2f}) is {args.out}")
+        print(f"{stop}; {kept()}")
     if step:
         print(f"{step} steps in {wall / 60:.1f} min | ms/step: " + " | ".join(f"{k} {1000 * v / step:.1f}" for k, v in phase.items()))
     result = final_report(args, bert.Bert.from_pretrained(args.out).to(device), tokenizer, data_dir, best, device)
@@ -370,4 +412,9 @@ def final_report(args, model, tokenizer, data_dir, best, device):
 
 
 if __name__ == "__main__":
-    main()
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # from here on, Ctrl-C is a KeyboardInterrupt
+    try:
+        main()
+    except KeyboardInterrupt:  # outside the loop (loading, the final evaluation): no traceback, nothing half-written
+        print("train.py: interrupted", file=sys.stderr)
+        sys.exit(130)

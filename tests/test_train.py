@@ -159,16 +159,38 @@ def test_a_run_stopped_midway_keeps_the_best_checkpoint(world, monkeypatch, caps
         assert e.value.code == 1
         assert "non-finite loss nan at step 5" in capsys.readouterr().out
     else:
-        result = run(world, "--lr", "1e-3")
-        assert result["steps"] == 4 and "interrupted at step 4" in capsys.readouterr().out
+        with pytest.raises(SystemExit) as e:
+            run(world, "--lr", "1e-3")
+        assert e.value.code == 130
+        err = capsys.readouterr().err
+        assert "interrupted at step 4; the best checkpoint so far (step 3" in err and len(err.strip().splitlines()) == 1
     assert saved, "no checkpoint was saved before the crash"
     now = best_state(world)  # the file is intact, loads, and holds the last saved best
     assert all(torch.equal(now[k], saved[-1][k]) for k in now)
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--batch-size", "1"], "--batch-size 1: SG-OPT needs at least 2"),
-    (["--tau", "0"], "--tau 0.0: the temperature must be > 0"),
+    (["--batch-size", "1"], "--batch-size 1: must be at least 2"),
+    (["--tau", "0"], "--tau 0.0: must be a finite number > 0"),
+    (["--tau", "nan"], "--tau nan: must be a finite"),
+    (["--lam", "-0.1"], "--lam -0.1: must be a finite number >= 0"),
+    (["--weight-decay", "-1"], "--weight-decay -1.0"),
+    (["--lr", "inf"], "--lr inf"),
+    (["--eval-every", "-1"], "--eval-every -1: must be at least 1"),
+    (["--log-every", "0"], "--log-every 0"),
+    (["--patience", "-1"], "--patience -1: must be at least 0"),
+    (["--epochs", "0"], "--epochs 0: must be at least 1"),
+    (["--max-steps", "-1"], "--max-steps -1"),
+    (["--proj-size", "0"], "--proj-size 0"),
+    (["--eval-batch-size", "0"], "--eval-batch-size 0"),
+    (["--seed", "-1"], "--seed -1"),
+    (["--seed", str(2 ** 64)], "--seed"),
+    (["--layers", "5"], "expected a slice"),
+    (["--layers", "::0"], "step must not be 0"),
+    (["--out", "sg.pt"], "ending in .safetensors"),
+    (["--out", "."], "ending in .safetensors"),
+    (["--json", "/nonexistent-dir/r.json"], "the folder /nonexistent-dir does not exist"),
+    (["--json", "r.txt"], "ending in .json"),
     (["--model", "./no-such-model"], "no-such-model not found"),
     (["--out", "/nonexistent-dir/sg.safetensors"], "the folder /nonexistent-dir does not exist"),
     (["--data", "missing.txt"], "missing.txt not found"),
@@ -237,7 +259,7 @@ def test_overwrite_keeps_the_old_file_until_the_run_has_a_checkpoint(world, monk
     crash_after(monkeypatch, 2, KeyboardInterrupt())  # stopped after one step, before any evaluation but step 0's
     with pytest.raises(SystemExit) as e:
         run(world, "--overwrite", "--seed", "5")
-    assert e.value.code == 2 and "previous" in capsys.readouterr().err
+    assert e.value.code == 130 and "the previous" in capsys.readouterr().err
     assert world["out"].read_bytes() == old
     monkeypatch.undo()
     run(world, "--overwrite", "--seed", "5")  # a finished run replaces it
@@ -258,3 +280,49 @@ def test_json_is_written_atomically_and_valid(world, monkeypatch):
         run(world, "--json", str(world["tmp"] / "r.json"))
     r = json.loads((world["tmp"] / "r.json").read_text())  # strict JSON: NaN would not parse with allow_nan=False
     assert r["losses"][-1][1] is None and not list(world["tmp"].glob(".*.tmp"))
+
+
+def test_eval_all_with_an_incomplete_data_folder_fails_before_training(world, capsys, monkeypatch):
+    monkeypatch.setattr(train, "layer_views", lambda *a: pytest.fail("training started"))
+    with pytest.raises(SystemExit) as e:
+        run(world, "--eval-all")
+    assert e.value.code == 2 and "STS12" in capsys.readouterr().err
+
+
+def test_a_full_disk_ends_in_one_line_that_says_what_was_kept(world, monkeypatch, capsys):
+    save, calls = bert.save_checkpoint, [0]
+
+    def full_after_first(*a):
+        calls[0] += 1
+        if calls[0] > 1:
+            raise OSError(28, "No space left on device")
+        return save(*a)
+
+    monkeypatch.setattr(bert, "save_checkpoint", full_after_first)
+    with pytest.raises(SystemExit) as e:
+        run(world, "--lr", "1e-3", "--eval-every", "1")
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "No space left on device" in err and "best checkpoint so far (step 0" in err
+    assert bert.read_metadata(world["out"])["best"]["step"] == 0
+
+
+def test_ctrl_c_while_importing_is_one_line(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+    p = subprocess.Popen([sys.executable, str(train.__file__), "--help"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+    maps = f"/proc/{p.pid}/maps"
+    for _ in range(2000):  # wait until torch's libraries are being mapped: inside `import torch`
+        try:
+            if "libtorch" in open(maps).read():
+                break
+        except OSError:
+            break
+        time.sleep(0.005)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=60)
+    if p.returncode == 0:
+        pytest.skip("the imports finished before the signal")
+    assert p.returncode == 130 and "Traceback" not in err and err.strip() == "train.py: interrupted"
