@@ -88,9 +88,8 @@ class Embeddings(nn.Module):
         self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)  # not snake_case: HF key name
         self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
 
-    def forward(self, input_ids, token_type_ids):
-        T = input_ids.size(1)
-        pos = torch.arange(T, device=input_ids.device)
+    def forward(self, input_ids, token_type_ids, position_ids=None):
+        pos = torch.arange(input_ids.size(1), device=input_ids.device) if position_ids is None else position_ids
         x = self.word_embeddings(input_ids) + self.position_embeddings(pos) + self.token_type_embeddings(token_type_ids)
         return self.dropout(self.LayerNorm(x))  # (B, T, H)
 
@@ -144,14 +143,18 @@ class Bert(nn.Module):
         if isinstance(m, nn.Linear):
             nn.init.zeros_(m.bias)
 
-    def forward(self, input_ids, attention_mask=None, token_type_ids=None):
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, embedding_fn=None):
+        """position_ids (B, T) replace 0..T-1, and embedding_fn maps the embedding output (B, T, H) before layer 1:
+        the two hooks ConSERT's augmentations need (views.py)."""
         B, T = input_ids.shape
         assert T <= self.config.max_position_embeddings, \
             f"sequence of length {T} is longer than max_position_embeddings {self.config.max_position_embeddings}"
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
         mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]  # (B, 1, 1, T)
-        x = self.embeddings(input_ids, token_type_ids)
+        x = self.embeddings(input_ids, token_type_ids, position_ids)
+        if embedding_fn is not None:
+            x = embedding_fn(x)
         hidden_states = [x]
         for layer in self.encoder.layer:
             x = layer(x, mask)
