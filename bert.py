@@ -9,14 +9,15 @@ Attribute names match HF keys, so a BertModel checkpoint loads 1:1.
 
 Shape legend: B = batch size, T = sequence length, H = hidden size, nh = attention heads, hs = H // nh.
 """
-import argparse
+import glob
 import json
 import os
+import re
 import shutil
 import sys
-import tempfile
 import urllib.error
 import urllib.request
+from contextlib import contextmanager
 from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 
@@ -54,16 +55,23 @@ class BertConfig:
 
     @classmethod
     def from_dict(cls, d, source="config"):
-        names = {f.name for f in fields(cls)}
+        """A checked config from a config.json dict; any bad value is a LoadError naming source and the key."""
+        if not isinstance(d, dict):
+            raise LoadError(f"{source}: the config is a JSON {type(d).__name__}, not an object of config keys")
         for k in (f.name for f in fields(cls) if f.default is MISSING):
             if k not in d:
                 raise LoadError(f"{source}: config is missing the required key '{k}'")
-        cfg = cls(**{k: v for k, v in d.items() if k in names})  # unknown keys (model_type, ...) are ignored
+        for k, (ok, what) in CONFIG_CHECKS.items():
+            if k in d and not ok(d[k]):
+                value = json.dumps(d[k], default=repr)[:40]
+                raise LoadError(f"{source}: config key '{k}' is {value}; it must be {what}")
+        cfg = cls(**{k: d[k] for k in CONFIG_CHECKS if k in d})  # unknown keys (model_type, ...) are ignored
         if cfg.hidden_size % cfg.num_attention_heads:
-            raise LoadError(f"{source}: hidden_size {cfg.hidden_size} is not a multiple of "
-                            f"num_attention_heads {cfg.num_attention_heads}")
-        if cfg.hidden_act not in GELU_APPROX:
-            raise LoadError(f"{source}: hidden_act '{cfg.hidden_act}' is not supported (one of {list(GELU_APPROX)})")
+            raise LoadError(f"{source}: config key 'hidden_size' {cfg.hidden_size} is not a multiple of "
+                            f"'num_attention_heads' {cfg.num_attention_heads}")
+        if cfg.pad_token_id >= cfg.vocab_size:
+            raise LoadError(f"{source}: config key 'pad_token_id' {cfg.pad_token_id} is not below "
+                            f"'vocab_size' {cfg.vocab_size}")
         return cfg
 
     def to_dict(self):
@@ -73,6 +81,19 @@ class BertConfig:
 # Careful: there are two GELUs. HF "gelu" is the exact erf form (what BERT checkpoints on the hub are used with);
 # google-bert's TF code and HF "gelu_new" use the tanh approximation. We follow the config.
 GELU_APPROX = {"gelu": "none", "gelu_new": "tanh", "gelu_pytorch_tanh": "tanh"}
+
+# What each config.json value must be: (test, words for the error). type() rather than isinstance keeps out
+# true/false (bool is an int) and, with the comparisons, NaN; HF would build a broken model from any of these.
+POSITIVE_INT = (lambda v: type(v) is int and v > 0, "a positive integer")
+PROBABILITY = (lambda v: type(v) in (int, float) and 0 <= v < 1, "a number in [0, 1)")
+CONFIG_CHECKS = {
+    **dict.fromkeys(["vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+                     "max_position_embeddings", "type_vocab_size"], POSITIVE_INT),
+    "hidden_act": (lambda v: isinstance(v, str) and v in GELU_APPROX, f"one of {', '.join(GELU_APPROX)}"),
+    "hidden_dropout_prob": PROBABILITY, "attention_probs_dropout_prob": PROBABILITY,
+    "layer_norm_eps": (lambda v: type(v) in (int, float) and 0 < v < float("inf"), "a positive number"),
+    "pad_token_id": (lambda v: type(v) is int and v >= 0, "a non-negative integer"),
+}
 
 # -----------------------------------------------------------------------------
 # model
@@ -166,24 +187,16 @@ class Bert(nn.Module):
         """A model folder (config.json + model.safetensors), a .safetensors checkpoint written by this project,
         or a name found as weights/<name>/ (downloaded from the Hugging Face hub when missing). Eval mode."""
         src = resolve(name_or_path)
-        if src.suffix == ".safetensors":
-            meta = read_metadata(src)
-            if "config" not in meta:
-                raise LoadError(f"{src}: no 'config' in the safetensors metadata; this is not a checkpoint written by "
-                                "sgbert. Load the folder that holds it with its config.json instead.")
-            config, weights = BertConfig.from_dict(meta["config"], str(src)), src
+        if src.suffix == ".safetensors" or src.is_file():
+            weights = check_checkpoint_path(src)
         else:
-            config_file, weights = src / "config.json", src / "model.safetensors"
-            for f in (config_file, weights):
+            weights = src / "model.safetensors"
+            for f in (src / "config.json", weights):
                 if not f.is_file():
                     hint = " (pytorch_model.bin is not read: save it as model.safetensors)" \
                         if (src / "pytorch_model.bin").exists() else ""
                     raise LoadError(f"{f} not found{hint}; a model folder needs config.json and model.safetensors")
-            try:
-                config = BertConfig.from_dict(json.loads(config_file.read_text()), str(config_file))
-            except (json.JSONDecodeError, TypeError) as e:
-                raise LoadError(f"{config_file}: not a valid BERT config.json ({e})") from None
-        model = cls(config)
+        model = cls(read_config(src))
         model.load_safetensors(weights)
         return model.eval()
 
@@ -191,26 +204,35 @@ class Bert(nn.Module):
         """Fill every parameter from a safetensors file through the key map below; any mismatch is an error."""
         tensors = read_tensors(path)
         own = self.state_dict()
-        loaded, unexpected, bad_shape, self.extra = {}, [], [], {}
-        for key, t in tensors.items():
+        loaded, seen, self.extra = {}, {}, {}
+        problems = {k: [] for k in ("missing keys", "unexpected keys", "wrong shapes", "integer tensors",
+                                    "two keys for one weight")}
+        for key, t in sorted(tensors.items()):
             k = hf_key(key)
-            if k.startswith(IGNORED):
-                if k.startswith("pooler."):
-                    self.extra[k] = t
+            if k in seen:  # bert.X next to X (or gamma next to weight): which one is meant is anyone's guess
+                problems["two keys for one weight"].append(f"{seen[k]} and {key}")
+            seen[k] = key
+            if k.startswith(IGNORED) and not k.startswith("pooler."):
+                continue
+            if not t.is_floating_point():  # load_state_dict would cast it silently: an id table is no weight
+                problems["integer tensors"].append(f"{key} ({str(t.dtype).removeprefix('torch.')})")
+            elif k.startswith("pooler."):
+                self.extra[k] = t
             elif k not in own:
-                unexpected.append(key)
+                problems["unexpected keys"].append(key)
             elif t.shape != own[k].shape:
-                bad_shape.append(f"{key} {tuple(t.shape)} (model expects {tuple(own[k].shape)})")
+                problems["wrong shapes"].append(f"{key} {tuple(t.shape)} (model expects {tuple(own[k].shape)})")
             else:
                 loaded[k] = t
-        missing = [k for k in own if k not in loaded]
-        n_ckpt = len({k.split(".")[2] for k in map(hf_key, tensors) if k.startswith("encoder.layer.")})
+        problems["missing keys"] = [k for k in own if k not in loaded and k not in seen]
+        n_ckpt = len({k.split(".")[2] for k in seen if k.startswith("encoder.layer.")})
         errors = []
         if n_ckpt != self.config.num_hidden_layers:  # CLIP-style cross-check of config vs tensor shapes
             errors.append(f"the config says {self.config.num_hidden_layers} layers but the checkpoint has {n_ckpt}")
-        for what, keys in (("missing keys", missing), ("unexpected keys", unexpected), ("wrong shapes", bad_shape)):
+        for what, keys in problems.items():
             if keys:
-                errors.append(f"{what}: {', '.join(keys[:5])}" + (f" and {len(keys) - 5} more" if len(keys) > 5 else ""))
+                more = f" and {len(keys) - 5} more" if len(keys) > 5 else ""
+                errors.append(f"{what}: {', '.join(keys[:5])}{more}")
         if errors:
             raise LoadError(f"{path}: does not match a BERT of this config: " + "; ".join(errors))
         self.load_state_dict(loaded, strict=True)
@@ -236,22 +258,29 @@ def hf_key(key):
 
 def resolve(name_or_path):
     """Path of a model: an existing path as is, else weights/<name>/, downloaded from the hub if missing."""
-    p = Path(name_or_path)
+    p, name = Path(name_or_path), str(name_or_path)
     if p.exists():
         return p
-    if p.suffix == ".safetensors" or p.is_absolute() or str(name_or_path).startswith("."):
+    if p.suffix == ".safetensors" or p.is_absolute() or name.startswith("."):
         raise LoadError(f"{p} not found")
-    local = WEIGHTS / str(name_or_path)
+    if not HUB_NAME.fullmatch(name):  # 'a/../../x' and the like would read and write outside weights/
+        raise LoadError(f"{name} not found, and it is not a model name (org/name: letters, digits, '.', '-', '_')")
+    local = WEIGHTS / name
     if not local.is_dir():
-        download(str(name_or_path), local)
+        download(name, local)
     return local
+
+
+HUB_NAME = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)*", re.ASCII)  # no '', '.', '..' parts, no '\\'
 
 
 def download(name, dest):
     """Fetch config.json, model.safetensors and tokenizer.json (or vocab.txt) from the hub into dest, atomically."""
     dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}-", dir=dest.parent))
+    clean_leftovers(dest)
+    tmp = temp_path(dest)
     try:
+        tmp.mkdir()
         for files in (["config.json"], ["model.safetensors"], ["tokenizer.json", "vocab.txt"]):
             for i, f in enumerate(files):
                 try:
@@ -260,12 +289,17 @@ def download(name, dest):
                 except urllib.error.HTTPError as e:
                     if e.code != 404 or i == len(files) - 1:
                         raise
-        tmp.rename(dest)
+        try:
+            tmp.rename(dest)
+        except OSError:
+            if not dest.is_dir():  # else another process downloaded the same model first: use theirs
+                raise
     except (OSError, urllib.error.URLError) as e:
-        shutil.rmtree(tmp, ignore_errors=True)
         raise LoadError(f"model '{name}' is not a local path and is not in {dest}, and downloading it from "
                         f"{HF_ENDPOINT} failed ({e}). Offline: put config.json, model.safetensors and tokenizer.json "
                         f"(or vocab.txt) of '{name}' in {dest}/") from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _fetch(url, path):
@@ -288,7 +322,7 @@ def read_tensors(path):
 
 
 def read_metadata(path):
-    """The metadata of a .safetensors file, with the JSON values our checkpoints store decoded."""
+    """The metadata of a .safetensors file, with the JSON values our checkpoints store decoded and type-checked."""
     from safetensors import safe_open
     try:
         with safe_open(str(path), "pt") as f:
@@ -301,30 +335,171 @@ def read_metadata(path):
             out[k] = json.loads(v) if k in JSON_META else v
         except json.JSONDecodeError:
             raise LoadError(f"{path}: metadata '{k}' is not valid JSON") from None
+        if k in JSON_META and not isinstance(out[k], dict):
+            raise LoadError(f"{path}: metadata '{k}' is a JSON {type(out[k]).__name__}; it must be an object")
     return out
 
 
-JSON_META = ("config", "args", "best")  # metadata values stored as JSON; "tokenizer" is a tokenizer.json string
+JSON_META = ("config", "args", "best")  # metadata values stored as JSON objects; "tokenizer" is a tokenizer.json string
+
+
+def read_config(src):
+    """The checked BertConfig of a model folder (its config.json) or of our checkpoint (its metadata)."""
+    if src.suffix == ".safetensors":
+        meta = read_metadata(src)
+        if "config" not in meta:
+            raise LoadError(f"{src}: no 'config' in the safetensors metadata; this is not a checkpoint written by "
+                            "sgbert. Load the folder that holds it with its config.json instead.")
+        return BertConfig.from_dict(meta["config"], f"{src} (metadata 'config')")
+    f = src / "config.json"
+    try:
+        d = json.loads(f.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        raise LoadError(f"{f}: not a valid BERT config.json ({e})") from None
+    return BertConfig.from_dict(d, str(f))
 
 
 def save_checkpoint(path, model, meta):
-    """Write the model's weights (HF BertModel key names) and meta to a .safetensors file, atomically:
-    a temp file in the same folder, then rename, so a crash never leaves a half-written checkpoint."""
-    from safetensors.torch import save_file
+    """Write the model's weights (HF BertModel key names) and meta to a .safetensors file, atomically: a temp file
+    beside it, then a rename, so a crash never leaves a half-written checkpoint. The same model and meta give the
+    same bytes. It takes no lock: whoever writes path over a whole run holds output_lock(path) for it."""
     path = Path(path)
     tensors = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in model.state_dict().items()}
-    tensors.update({k: v.contiguous() for k, v in model.extra.items()})
+    tensors.update({k: v.detach().cpu().contiguous() for k, v in model.extra.items()})
     meta = {"format": "pt", "config": model.config.to_dict(), **meta}
-    meta = {k: v if isinstance(v, str) else json.dumps(v) for k, v in meta.items()}
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}-", suffix=".tmp", dir=path.parent)
-    os.close(fd)
+    meta = {k: v if isinstance(v, str) else json.dumps(v, sort_keys=True) for k, v in meta.items()}
+    clean_leftovers(path)
+    tmp = temp_path(path)
     try:
-        save_file(tensors, tmp, metadata=meta)
-        os.chmod(tmp, 0o644)  # mkstemp makes the file private; a checkpoint is meant to be shared
+        with open(tmp, "wb") as f:
+            write_safetensors(f, tensors, meta)
+            f.flush()
+            os.fsync(f.fileno())  # the data is on disk before the rename makes it the checkpoint
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
+
+
+def write_safetensors(f, tensors, meta):
+    """The safetensors format written out: 8-byte header size, JSON header, raw tensor bytes. safetensors' own
+    writer orders the metadata by a hash map whose seed changes per run; here every order is fixed, so the same
+    tensors and metadata always give the same bytes."""
+    names = sorted(tensors, key=lambda k: (-tensors[k].element_size(), k))  # widest dtype first keeps data aligned
+    header, start = {"__metadata__": dict(sorted(meta.items()))}, 0
+    for k in names:
+        t = tensors[k]
+        n = t.numel() * t.element_size()
+        header[k] = {"dtype": ST_DTYPES[t.dtype], "shape": list(t.shape), "data_offsets": [start, start + n]}
+        start += n
+    h = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
+    h += b" " * (-len(h) % 8)  # pad with spaces so the data starts 8-byte aligned, as the format asks
+    f.write(len(h).to_bytes(8, "little") + h)
+    for k in names:  # little-endian, as the format asks: every platform torch ships for is
+        f.write(tensors[k].reshape(-1).view(torch.uint8).numpy())
+
+
+ST_DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16"}
+
+
+def check_checkpoint_path(path, write=False):
+    """A checkpoint path (train.py --out, evaluate.py --ckpt) checked before any work: a .safetensors file name, not
+    a folder; to read, an existing file; to write, in an existing folder we can write to. Returns it as a Path."""
+    p = Path(path)
+    if not str(path).strip():
+        problem = "is empty"
+    elif p.is_dir():
+        problem = "is a folder; give a file name ending in .safetensors"
+    elif p.suffix != ".safetensors":
+        problem = "does not end in .safetensors"
+    elif not write and not p.is_file():
+        problem = "not found"
+    elif write and not p.parent.is_dir():
+        problem = f"is in a folder that does not exist ({p.parent})"
+    elif write and not os.access(p.parent, os.W_OK):
+        problem = f"is in a folder we cannot write to ({p.parent})"
+    else:
+        return p
+    raise LoadError(f"checkpoint path '{path}' {problem}")
+
+# -----------------------------------------------------------------------------
+# one process per output, and what killed runs leave behind
+
+
+class OutputLocked(LoadError):
+    """Another live process is writing the same output (see output_lock)."""
+
+
+@contextmanager
+def output_lock(path):
+    """Hold the lock of an output (a checkpoint file, an export folder) while writing it: one process per output.
+
+    The lock is the file .NAME.lock beside path, holding the owner's pid, with an flock on it. Anyone else asking
+    for the same path (another process, or this one again: it is not re-entrant) gets OutputLocked at once, a
+    one-line message naming the owner's pid; nothing waits. The kernel drops an flock when its process dies, however
+    it dies (kill -9 too), so the lock of a dead process is taken over, never in the way. The file goes on release.
+    It keeps our own runs apart; nothing stops another program from writing path."""
+    import fcntl
+    path = Path(path)
+    lock = path.with_name(f".{path.name}.lock")
+    while True:
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise LoadError(f"{path}: cannot create the lock file {lock} ({e.strerror})") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            owner = os.read(fd, 32).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise OutputLocked(f"{path} is being written by another process (pid {owner}); wait for it to finish "
+                               f"or choose another output (lock file: {lock})") from None
+        try:
+            if os.path.samestat(os.fstat(fd), os.stat(lock)):
+                break
+        except FileNotFoundError:
+            pass
+        os.close(fd)  # its owner removed the file between our open and flock: lock the new one instead
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    try:
+        yield path
+    finally:
+        os.unlink(lock)  # before close: whoever opened the old file sees it is gone and retries
+        os.close(fd)
+
+
+def temp_path(path, kind="tmp"):
+    """Where path is written before it is renamed in: beside it (a rename within one file system is atomic), hidden,
+    named with our pid, so that a later run can tell what a killed run left from what a live one is writing."""
+    return path.with_name(f".{path.name}.{os.getpid()}.{kind}")
+
+
+def clean_leftovers(path):
+    """Remove what killed runs left beside path: .NAME.PID.tmp files or folders whose process is gone. A folder
+    .NAME.PID.old is the previous path that an export had set aside: put back if path is missing, else removed."""
+    for p in sorted(path.parent.glob(f".{glob.escape(path.name)}.*")):
+        pid, _, kind = p.name[len(path.name) + 2:].partition(".")
+        if kind not in ("tmp", "old") or not pid.isdigit() or pid_alive(int(pid)):
+            continue  # not ours, or its writer is still running
+        if kind == "old" and not os.path.lexists(path):
+            os.rename(p, path)
+            print(f"note: put {path} back from {p.name}, where an interrupted export had left it", file=sys.stderr)
+            continue
+        try:
+            shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+        except OSError:
+            pass  # a leftover we cannot remove is no reason to fail this save
+
+
+def pid_alive(pid):
+    try:
+        os.kill(pid, 0)  # signal 0 sends nothing: it only asks whether the process exists
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):  # it exists under another user (or is no pid of ours: keep its file)
+        pass
+    return True
 
 # -----------------------------------------------------------------------------
 # tokenizer and sentence encoding
@@ -332,32 +507,61 @@ def save_checkpoint(path, model, meta):
 
 def load_tokenizer(name_or_path, max_len=128):
     """A tokenizers.Tokenizer that adds [CLS] ... [SEP] and truncates to max_len tokens (no padding: we pad per batch).
-    From tokenizer.json, the tokenizer stored in our checkpoint's metadata, or built from vocab.txt (uncased)."""
+    From tokenizer.json, the tokenizer stored in our checkpoint's metadata, or built from vocab.txt (uncased).
+    Where the model's config is beside it, max_len is capped by max_position_embeddings and the ids are checked
+    against vocab_size."""
     from tokenizers import Tokenizer
     src = resolve(name_or_path)
+    meta = read_metadata(src) if src.suffix == ".safetensors" else {}
     if src.suffix == ".safetensors":
-        meta = read_metadata(src)
         if "tokenizer" not in meta:
             raise LoadError(f"{src}: no 'tokenizer' in the safetensors metadata; pass the base model's folder instead")
-        tok = Tokenizer.from_str(meta["tokenizer"])
+        what, make = f"{src} (metadata 'tokenizer')", lambda: Tokenizer.from_str(meta["tokenizer"])
     elif (src / "tokenizer.json").is_file():
-        tok = Tokenizer.from_file(str(src / "tokenizer.json"))
+        what, make = src / "tokenizer.json", lambda: Tokenizer.from_file(str(src / "tokenizer.json"))
     elif (src / "vocab.txt").is_file():
-        tok = wordpiece_from_vocab(src / "vocab.txt")
+        what, make = src / "vocab.txt", lambda: wordpiece_from_vocab(src / "vocab.txt")
     else:
         raise LoadError(f"{src}: no tokenizer.json or vocab.txt; put one of them in the model folder")
-    tok.no_padding()
+    try:
+        tok = make()
+        tok.no_padding()
+        tok.no_truncation()
+        ids = tok.encode("a").ids
+    except LoadError:
+        raise
+    except Exception as e:  # the tokenizers library raises plain Exceptions with a parser message
+        reason = (str(e).splitlines() or [type(e).__name__])[0]
+        raise LoadError(f"{what}: not a valid tokenizer ({reason}); re-create it") from None
+    cls_id, sep_id = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+    if cls_id is None or sep_id is None or ids[:1] != [cls_id] or ids[-1:] != [sep_id]:
+        raise LoadError(f"{what}: the tokenizer does not add [CLS] ... [SEP] (it gives {ids} for 'a'); "
+                        "SG-BERT's sentence vector is the [CLS] token")
+    if meta.get("config") is not None or (src / "config.json").is_file():
+        config = read_config(src)
+        check_vocab(tok, config, what)
+        max_len = min(max_len, config.max_position_embeddings)  # longer inputs have no position embedding
     tok.enable_truncation(max_length=max_len)
-    cls_id = tok.token_to_id("[CLS]")
-    assert cls_id is not None and tok.encode("a").ids[0] == cls_id, f"{src}: tokenizer does not add [CLS] ... [SEP]"
     return tok
+
+
+def check_vocab(tokenizer, config, source="tokenizer"):
+    """Every id the tokenizer can give must be a row of the model's embedding table (config.vocab_size)."""
+    top = max(tokenizer.get_vocab(with_added_tokens=True).values(), default=-1)
+    if top >= config.vocab_size:
+        raise LoadError(f"{source}: the tokenizer gives ids up to {top} but the model's vocab_size is "
+                        f"{config.vocab_size}; it belongs to another model")
 
 
 def wordpiece_from_vocab(vocab_file):
     """The uncased BERT WordPiece tokenizer (google-bert's BasicTokenizer + WordpieceTokenizer) from vocab.txt."""
     from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers, processors
     from tokenizers.models import WordPiece
-    vocab = {w: i for i, w in enumerate(Path(vocab_file).read_text(encoding="utf-8").split("\n")) if w}
+    try:
+        words = Path(vocab_file).read_text(encoding="utf-8").split("\n")
+    except UnicodeDecodeError as e:
+        raise LoadError(f"{vocab_file}: not UTF-8 text ({e.reason} at byte {e.start}); save it as UTF-8") from None
+    vocab = {w: i for i, w in enumerate(words) if w}
     for t in ("[CLS]", "[SEP]", "[UNK]", "[PAD]"):
         if t not in vocab:
             raise LoadError(f"{vocab_file}: the special token {t} is not in the vocabulary")
@@ -433,123 +637,6 @@ def encode_many(model, tokenizer, sentences, specs, batch_size=64):
     model.train(was_training)
     return out
 
-# -----------------------------------------------------------------------------
-# export: one folder that is a Hugging Face BertModel checkpoint and a sentence-transformers model at the same time
-
-
-def export(src, out_dir, force=False):
-    """Write a checkpoint (or a model folder / name) to out_dir: config.json + model.safetensors + tokenizer files
-    for transformers, modules.json + CLS Pooling for sentence-transformers, and a README.md. The folder is written
-    beside out_dir under a temp name, then renamed in, so a crash never leaves a half-written model."""
-    out = Path(out_dir)
-    if out.exists() and not out.is_dir():
-        raise FileExistsError(f"{out} exists and is not a folder; choose another OUT_DIR")
-    if out.is_dir() and any(out.iterdir()) and not force:
-        raise FileExistsError(f"{out} is not empty; pass --force to replace it")
-    path = resolve(src)
-    meta = read_metadata(path) if path.suffix == ".safetensors" else {"base_model": str(src)}
-    model, tok = Bert.from_pretrained(path), load_tokenizer(path)
-    cfg, args, best = model.config, meta.get("args") or {}, meta.get("best") or {}
-    max_len = int(args.get("max_len") or min(512, cfg.max_position_embeddings))
-    tok.no_truncation()  # transformers and sentence-transformers truncate per call (model_max_length, max_seq_length)
-    tj = json.loads(tok.to_str())
-    if tj["model"]["type"] != "WordPiece":
-        raise LoadError(f"{path}: the tokenizer is {tj['model']['type']}, not WordPiece; only BERT tokenizers export")
-    vocab = sorted(tok.get_vocab().items(), key=lambda kv: kv[1])  # with the added [CLS] ... tokens, ordered by id
-    assert [i for _, i in vocab] == list(range(len(vocab))), f"{path}: tokenizer ids are not 0..{len(vocab) - 1}"
-    norm = tj.get("normalizer") or {}  # BertNormalizer: lowercase, strip_accents, handle_chinese_chars
-    special = {f"{n}_token": t for n, t in [("unk", "[UNK]"), ("sep", "[SEP]"), ("pad", "[PAD]"), ("cls", "[CLS]"),
-                                            ("mask", "[MASK]")] if tok.token_to_id(t) is not None}
-    files = {
-        "config.json": {"architectures": ["BertModel"], "model_type": "bert", **cfg.to_dict(),
-                        "position_embedding_type": "absolute", "initializer_range": 0.02},
-        "tokenizer.json": tok.to_str(pretty=True),
-        "tokenizer_config.json": {"tokenizer_class": "BertTokenizer", "do_lower_case": bool(norm.get("lowercase")),
-                                  "strip_accents": norm.get("strip_accents"), "do_basic_tokenize": True,
-                                  "tokenize_chinese_chars": norm.get("handle_chinese_chars", True),
-                                  "model_max_length": max_len, **special},
-        "special_tokens_map.json": special,
-        "vocab.txt": "".join(w + "\n" for w, _ in vocab),
-        # sentence-transformers, in the classic layout every version reads (module paths kept as aliases in v3+).
-        # CLS pooling (!!): without 1_Pooling/config.json it silently mean-pools and scores an SG model wrongly.
-        "modules.json": [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-                         {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}],
-        "1_Pooling/config.json": {"word_embedding_dimension": cfg.hidden_size, "pooling_mode_cls_token": True,
-                                  "pooling_mode_mean_tokens": False, "pooling_mode_max_tokens": False,
-                                  "pooling_mode_mean_sqrt_len_tokens": False},
-        "sentence_bert_config.json": {"max_seq_length": max_len, "do_lower_case": False},  # the tokenizer lowercases
-        "config_sentence_transformers.json": {"prompts": {}, "default_prompt_name": None,
-                                              "similarity_fn_name": "cosine"},
-        "README.md": export_readme(out.name, meta, args, best, cfg, max_len),
-    }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
-    try:
-        tmp.chmod(0o755)  # mkdtemp makes it private; a model folder is meant to be shared
-        for name, content in files.items():
-            (tmp / name).parent.mkdir(exist_ok=True)
-            text = content if isinstance(content, str) else json.dumps(content, indent=2) + "\n"
-            (tmp / name).write_text(text, encoding="utf-8")
-        # weights + pooler (model.extra) under HF BertModel names; the metadata keeps it a whole sgbert checkpoint too
-        save_checkpoint(tmp / "model.safetensors", model, {**meta, "tokenizer": tok.to_str()})
-        old = tmp.with_name(tmp.name + "-old")
-        if out.exists():  # --force (or an empty folder): move the old one aside, rename the new in, delete the old
-            out.rename(old)
-        try:
-            tmp.rename(out)
-        except OSError:
-            if old.exists():
-                old.rename(out)  # put the old one back
-            raise
-        shutil.rmtree(old, ignore_errors=True)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return out
-
-
-def export_readme(name, meta, args, best, cfg, max_len):
-    trained = f"trained with SG-BERT (self-guided contrastive learning, Kim et al., ACL 2021) from " \
-        f"`{meta.get('base_model', 'an unknown base model')}`" if args else \
-        f"`{meta.get('base_model', 'a BERT model')}` as it is (no SG-BERT training recorded)"
-    lines = [f"# {name}", "", f"A BERT sentence encoder exported by sgbert: {trained}.",
-             f"{cfg.num_hidden_layers} layers, hidden size {cfg.hidden_size}, max {max_len} tokens. The sentence "
-             "vector is the last layer's [CLS] token: no pooler, no normalization; compare vectors with cosine.", ""]
-    if args:
-        lines += ["## Training", "", f"- loss: `{args.get('loss', '?')}`",
-                  "- arguments: " + ", ".join(f"`{k}={v}`" for k, v in args.items())]
-        if "dev" in best:
-            dev = f"{best['dev']:.2f}" if isinstance(best["dev"], (int, float)) else best["dev"]
-            lines += [f"- best STS-B dev Spearman x100: {dev}" + (f" (step {best['step']})" if "step" in best else "")]
-        lines += [""]
-    lines += ["## Loading", "", "sgbert (`pooling=\"cls\"` matters: other poolings give other vectors):", "```python",
-              "from bert import Bert, load_tokenizer, encode", f"model, tok = Bert.from_pretrained(\"{name}\"), "
-              f"load_tokenizer(\"{name}\")", "vecs = encode(model, tok, sentences, pooling=\"cls\")  # (n, H) float32",
-              "```", "", "transformers (take `last_hidden_state[:, 0]`, not `pooler_output`):", "```python",
-              "from transformers import AutoModel, AutoTokenizer",
-              f"tok, model = AutoTokenizer.from_pretrained(\"{name}\"), AutoModel.from_pretrained(\"{name}\")",
-              "batch = tok(sentences, padding=True, truncation=True, return_tensors=\"pt\")",
-              "vecs = model(**batch).last_hidden_state[:, 0]", "```", "",
-              "sentence-transformers (CLS pooling is set in 1_Pooling/config.json):", "```python",
-              "from sentence_transformers import SentenceTransformer",
-              f"vecs = SentenceTransformer(\"{name}\").encode(sentences)", "```", ""]
-    return "\n".join(lines)
-
-
-def main(argv=None):
-    p = argparse.ArgumentParser(prog="bert.py", description="sgbert's BERT encoder: tools for its checkpoints")
-    sub = p.add_subparsers(dest="command", required=True)
-    e = sub.add_parser("export", help="write a checkpoint as a Hugging Face BertModel + sentence-transformers folder")
-    e.add_argument("src", metavar="CHECKPOINT", help="a .safetensors written by train.py, or a model folder or name")
-    e.add_argument("out_dir", metavar="OUT_DIR", help="folder to create; must be absent or empty unless --force")
-    e.add_argument("--force", action="store_true", help="replace OUT_DIR even if it is not empty")
-    a = p.parse_args(argv)
-    try:
-        out = export(a.src, a.out_dir, force=a.force)
-    except (LoadError, OSError) as err:  # user-facing: one line, no traceback
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
-    print(f"exported {a.src} to {out}/ (transformers BertModel + sentence-transformers with CLS pooling)")
-
-
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # `python bert.py export ...` still works: the export CLI lives in export.py (floor 2)
+    import export
+    export.main(sys.argv[2:] if sys.argv[1:2] == ["export"] else sys.argv[1:])

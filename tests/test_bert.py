@@ -1,8 +1,12 @@
 """bert.py against its oracles: HF transformers.BertModel hidden states, HF tokenizers, hand-made bad checkpoints."""
 import http.server
 import json
+import os
+import subprocess
+import sys
 import threading
 from functools import partial
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,6 +15,8 @@ from safetensors.torch import load_file, save_file
 
 import bert
 from bert import Bert, BertConfig, LoadError, batch_tensors, encode, load_tokenizer, pool, save_checkpoint
+
+ROOT = Path(bert.__file__).resolve().parent
 
 
 def tiny_model(cfg, seed=0):
@@ -47,6 +53,54 @@ def test_config_errors(tiny_config):
     del d["hidden_size"]
     with pytest.raises(LoadError, match="hidden_size"):
         BertConfig.from_dict(d, "x/config.json")
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("hidden_size", 0, "a positive integer"), ("hidden_size", 32.0, "a positive integer"),
+    ("num_hidden_layers", True, "a positive integer"), ("vocab_size", "120", "a positive integer"),
+    ("intermediate_size", -64, "a positive integer"), ("max_position_embeddings", None, "a positive integer"),
+    ("type_vocab_size", 0, "a positive integer"),
+    ("num_attention_heads", 5, "not a multiple of 'num_attention_heads' 5"),
+    ("hidden_dropout_prob", 1.0, r"in \[0, 1\)"), ("attention_probs_dropout_prob", -0.1, r"in \[0, 1\)"),
+    ("hidden_dropout_prob", float("nan"), r"is NaN; it must be a number in \[0, 1\)"),
+    ("layer_norm_eps", 0, "a positive number"), ("layer_norm_eps", float("inf"), "a positive number"),
+    ("pad_token_id", -1, "a non-negative integer"), ("pad_token_id", 120, "120 is not below 'vocab_size' 120"),
+    ("hidden_act", "relu", "one of gelu, gelu_new"), ("hidden_act", ["gelu"], "one of gelu"),
+])
+def test_config_values_are_checked(tiny_config, key, value, message):
+    with pytest.raises(LoadError, match=f"^x/config.json: config key '.*{message}") as e:
+        BertConfig.from_dict(dict(tiny_config, **{key: value}), "x/config.json")
+    assert f"'{key}'" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_config_checks_cover_every_field():
+    assert set(bert.CONFIG_CHECKS) == {f.name for f in bert.fields(BertConfig)}
+
+
+def test_bad_config_names_its_file(tiny_config, tiny_folder, tmp_path):
+    (tiny_folder / "config.json").write_text(json.dumps(dict(tiny_config, layer_norm_eps=float("nan"))))
+    with pytest.raises(LoadError, match=f"^{tiny_folder / 'config.json'}: config key 'layer_norm_eps' is NaN"):
+        Bert.from_pretrained(tiny_folder)
+    (tiny_folder / "config.json").write_bytes(b"\xff\xfe{}")
+    with pytest.raises(LoadError, match="config.json: not a valid BERT config.json"):
+        Bert.from_pretrained(tiny_folder)
+    m = tiny_model(tiny_config)
+    m.config.hidden_dropout_prob = 2  # a config no checkpoint should hold, written anyway
+    save_checkpoint(tmp_path / "sg.safetensors", m, {})
+    with pytest.raises(LoadError, match=r"sg.safetensors \(metadata 'config'\): config key 'hidden_dropout_prob' is 2"):
+        Bert.from_pretrained(tmp_path / "sg.safetensors")
+
+
+@pytest.mark.parametrize("meta, message", [
+    ({"config": [1, 2]}, "metadata 'config' is a JSON list; it must be an object"),
+    ({"args": ["--lr", "1"]}, "metadata 'args' is a JSON list"),
+    ({"best": 3}, "metadata 'best' is a JSON int"),
+    ({"args": "{not json"}, "metadata 'args' is not valid JSON"),
+])
+def test_metadata_of_the_wrong_json_type(tiny_config, tmp_path, meta, message):
+    save_checkpoint(tmp_path / "sg.safetensors", tiny_model(tiny_config), meta)
+    with pytest.raises(LoadError, match=message):
+        Bert.from_pretrained(tmp_path / "sg.safetensors")
 
 
 # -----------------------------------------------------------------------------
@@ -129,6 +183,14 @@ def edit(folder, fn):
     (lambda sd: sd.update({"embeddings.word_embeddings.weight": torch.zeros(99, 32)}),
      r"wrong shapes: embeddings.word_embeddings.weight \(99, 32\) \(model expects \(120, 32\)\)"),
     (lambda sd: [sd.pop(k) for k in list(sd) if k.startswith("encoder.layer.1.")], "says 2 layers but the checkpoint has 1"),
+    (lambda sd: sd.update({"embeddings.word_embeddings.weight": torch.ones(120, 32, dtype=torch.int64)}),
+     r"integer tensors: embeddings.word_embeddings.weight \(int64\)"),
+    (lambda sd: sd.update({"pooler.dense.bias": torch.ones(32, dtype=torch.int32)}),
+     "integer tensors: pooler.dense.bias"),
+    (lambda sd: sd.update({"bert.encoder.layer.0.output.dense.bias": sd["encoder.layer.0.output.dense.bias"] + 1}),
+     "two keys for one weight: bert.encoder.layer.0.output.dense.bias and encoder.layer.0.output.dense.bias"),
+    (lambda sd: sd.update({"embeddings.LayerNorm.gamma": sd["embeddings.LayerNorm.weight"].clone()}),
+     "two keys for one weight: embeddings.LayerNorm.gamma and embeddings.LayerNorm.weight"),
 ])
 def test_bad_checkpoints_name_the_key(tiny_folder, change, message):
     edit(tiny_folder, change)
@@ -160,6 +222,109 @@ def test_checkpoint_roundtrip_is_bit_exact(tiny_config, tiny_folder, tmp_path):
     assert load_tokenizer(tmp_path / "sg.safetensors").encode("a b").ids == tok.encode("a b").ids
 
 
+def test_same_model_and_meta_give_the_same_bytes(tiny_config, tmp_path):
+    m = tiny_model(tiny_config)
+    m.extra = {"pooler.dense.weight": torch.randn(32, 32, dtype=torch.bfloat16),
+               "pooler.dense.bias": torch.randn(32, dtype=torch.float16)}
+    tok = bert.wordpiece_from_vocab(write_vocab(tmp_path / "vocab.txt"))
+    meta = {"tokenizer": tok.to_str(), "base_model": "tiny", "git": "abc", "args": {"lr": 1e-5, "lam": 0.1, "out": "x"},
+            "best": {"step": 3, "dev": 71.5}}
+    save_checkpoint(tmp_path / "a.safetensors", m, meta)
+    shuffled = dict(reversed(meta.items()), args=dict(reversed(meta["args"].items())))
+    save_checkpoint(tmp_path / "b.safetensors", m, shuffled)
+    a, b = (tmp_path / "a.safetensors").read_bytes(), (tmp_path / "b.safetensors").read_bytes()
+    assert a == b  # safetensors' own writer gave a different metadata order on every save
+    assert int.from_bytes(a[:8], "little") % 8 == 0
+    # safetensors' reader is the oracle of the hand-written format: every tensor and dtype, the metadata
+    back = load_file(str(tmp_path / "a.safetensors"))
+    assert back.keys() == {**m.state_dict(), **m.extra}.keys()
+    for k, v in {**m.state_dict(), **m.extra}.items():
+        assert back[k].dtype == v.dtype and torch.equal(back[k], v), k
+    got = bert.read_metadata(tmp_path / "a.safetensors")
+    assert got["args"] == meta["args"] and got["best"] == meta["best"] and got["tokenizer"] == meta["tokenizer"]
+    back = Bert.from_pretrained(tmp_path / "a.safetensors")
+    assert all(torch.equal(back.extra[k], v) for k, v in m.extra.items())
+
+
+def test_interrupted_save_keeps_the_old_checkpoint(tiny_config, tmp_path, monkeypatch):
+    path = tmp_path / "sg.safetensors"
+    save_checkpoint(path, tiny_model(tiny_config), {})
+    before = path.read_bytes()
+
+    def half_then_ctrl_c(f, tensors, meta):
+        f.write(b"half a checkpoint")
+        raise KeyboardInterrupt
+    monkeypatch.setattr(bert, "write_safetensors", half_then_ctrl_c)
+    with pytest.raises(KeyboardInterrupt):
+        save_checkpoint(path, tiny_model(tiny_config, seed=1), {})
+    assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["sg.safetensors"]
+
+
+def test_save_removes_only_leftovers_of_dead_runs(tiny_config, tmp_path):
+    dead = [subprocess.Popen([sys.executable, "-c", "pass"]) for _ in range(2)]
+    for p in dead:
+        p.wait()
+    d1, d2 = (p.pid for p in dead)  # no process has these pids now: what they left is garbage
+    alive = os.getppid()
+    keep = [f".sg.safetensors.{alive}.tmp",  # a live writer's
+            ".sg.safetensors-k2j4x9.tmp", f".other.safetensors.{d1}.tmp", f"sg.safetensors.{d1}.tmp",  # not ours
+            f".sg.safetensors.{d1}.lock"]  # not a temp file: output_lock's, which deals with it itself
+    for name in keep + [f".sg.safetensors.{d1}.tmp"]:
+        (tmp_path / name).write_bytes(b"x")
+    (tmp_path / f".sg.safetensors.{d2}.tmp").mkdir()  # a killed export's folder
+    (tmp_path / f".sg.safetensors.{d2}.tmp" / "config.json").write_bytes(b"x")
+    save_checkpoint(tmp_path / "sg.safetensors", tiny_model(tiny_config), {})
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(keep + ["sg.safetensors"])
+
+
+def test_check_checkpoint_path(tmp_path):
+    (tmp_path / "sg.safetensors").write_bytes(b"x")
+    (tmp_path / "d.safetensors").mkdir()
+    assert bert.check_checkpoint_path(tmp_path / "sg.safetensors") == tmp_path / "sg.safetensors"
+    assert bert.check_checkpoint_path(tmp_path / "new.safetensors", write=True) == tmp_path / "new.safetensors"
+    for path, write, problem in [("", False, "is empty"), (" ", True, "is empty"), (tmp_path, True, "is a folder"),
+                                 (tmp_path / "d.safetensors", False, "is a folder"),
+                                 (tmp_path / "sg.pt", True, "does not end in .safetensors"),
+                                 (tmp_path / "new.safetensors", False, "not found"),
+                                 (tmp_path / "no/sg.safetensors", True, "is in a folder that does not exist")]:
+        with pytest.raises(LoadError, match=f"^checkpoint path '.*' {problem}"):
+            bert.check_checkpoint_path(path, write=write)
+    with pytest.raises(LoadError, match="d.safetensors' is a folder"):
+        Bert.from_pretrained(tmp_path / "d.safetensors")
+
+
+# -----------------------------------------------------------------------------
+# one process per output
+
+
+def test_output_lock_one_process_per_output(tmp_path):
+    out = tmp_path / "sg.safetensors"
+    lock = tmp_path / ".sg.safetensors.lock"
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time, bert\nwith bert.output_lock(sys.argv[1]):\n"
+                               "    print('locked', flush=True)\n    time.sleep(60)", str(out)],
+                              cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        busy = f"^{out} is being written by another process \\(pid {holder.pid}\\); wait for it"
+        with pytest.raises(bert.OutputLocked, match=busy):
+            with bert.output_lock(out):
+                pass
+    finally:
+        holder.kill()  # kill -9: no clean-up of its own, its lock file stays
+        holder.wait()
+    assert lock.read_text().strip() == str(holder.pid)
+    with bert.output_lock(out):  # the dead process's lock is taken over
+        assert lock.read_text() == f"{os.getpid()}\n"
+        with pytest.raises(bert.OutputLocked, match=f"pid {os.getpid()}"):  # not re-entrant, even in one process
+            with bert.output_lock(out):
+                pass
+    assert not lock.exists()
+    lock.write_text("garbage")  # a lock file nobody holds, whatever it says
+    with bert.output_lock(out):
+        pass
+    assert not lock.exists()
+
+
 def write_vocab(path):
     words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a", "b", "the", "man", "##s", ".", "play", "##ing"]
     path.write_text("\n".join(words) + "\n")
@@ -184,6 +349,63 @@ def test_tokenizer_matches_hf(minilm_path, shared_data, tmp_path):
     (only_vocab / "vocab.txt").write_text((minilm_path / "vocab.txt").read_text())
     assert [e.ids for e in load_tokenizer(only_vocab).encode_batch(sents)] == ref
     assert len(load_tokenizer(minilm_path, max_len=16).encode("word " * 100).ids) == 16
+
+
+def tokenizer_folder(tmp_path, tiny_config, **config):
+    d = tmp_path / "tok"
+    d.mkdir()
+    write_vocab(d / "vocab.txt")
+    (d / "config.json").write_text(json.dumps(dict(tiny_config, **config)))
+    return d
+
+
+def no_cls_sep(d):
+    tok = bert.wordpiece_from_vocab(d / "vocab.txt")
+    tok.post_processor = None  # plain WordPiece: no [CLS] in front, no [SEP] behind
+    tok.save(str(d / "tokenizer.json"))
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda d: (d / "tokenizer.json").write_text('{"version": "1.0", "model": '),
+     "tok/tokenizer.json: not a valid tokenizer"),
+    (lambda d: (d / "tokenizer.json").write_text(""), "tok/tokenizer.json: not a valid tokenizer"),
+    (lambda d: (d / "vocab.txt").write_bytes("[PAD]\n[UNK]\n[CLS]\n[SEP]\ncaf\xe9\n".encode("latin-1")),
+     r"tok/vocab.txt: not UTF-8 text \(invalid continuation byte at byte 27\); save it as UTF-8"),
+    (no_cls_sep, r"tok/tokenizer.json: the tokenizer does not add \[CLS\] ... \[SEP\] \(it gives \[5\] for 'a'\)"),
+    (lambda d: (d / "config.json").write_text(json.dumps(dict(TINY_VOCAB_10))),
+     "tok/vocab.txt: the tokenizer gives ids up to 12 but the model's vocab_size is 10; it belongs to another model"),
+])
+def test_bad_tokenizers_are_one_line_errors(tiny_config, tmp_path, damage, message):
+    d = tokenizer_folder(tmp_path, tiny_config)
+    assert load_tokenizer(d).encode("the man").ids == [2, 7, 8, 3]
+    damage(d)
+    with pytest.raises(LoadError, match=message) as e:  # a real check, not an assert that python -O removes
+        load_tokenizer(d)
+    assert "\n" not in str(e.value)
+
+
+TINY_VOCAB_10 = dict(vocab_size=10, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+                     max_position_embeddings=64)
+
+
+def test_tokenizer_in_a_checkpoint(tiny_config, tmp_path):
+    m = tiny_model(tiny_config)
+    save_checkpoint(tmp_path / "garbage.safetensors", m, {"tokenizer": "garbage"})
+    with pytest.raises(LoadError, match=r"garbage.safetensors \(metadata 'tokenizer'\): not a valid tokenizer \("):
+        load_tokenizer(tmp_path / "garbage.safetensors")
+    tok = bert.wordpiece_from_vocab(write_vocab(tmp_path / "vocab.txt"))
+    m.config.vocab_size = 12  # one row short of the tokenizer's 13 ids (the model's tensors do not matter here)
+    save_checkpoint(tmp_path / "short.safetensors", m, {"tokenizer": tok.to_str()})
+    with pytest.raises(LoadError, match="gives ids up to 12 but the model's vocab_size is 12"):
+        load_tokenizer(tmp_path / "short.safetensors")
+
+
+def test_tokenizer_truncates_at_the_position_table(tiny_config, tmp_path):
+    d = tokenizer_folder(tmp_path, tiny_config, max_position_embeddings=16)
+    assert len(load_tokenizer(d, max_len=128).encode("a " * 100).ids) == 16  # no position embedding past 16
+    assert len(load_tokenizer(d, max_len=8).encode("a " * 100).ids) == 8
+    (d / "config.json").unlink()  # a tokenizer alone: nothing to check it against
+    assert len(load_tokenizer(d, max_len=128).encode("a " * 100).ids) == 102
 
 
 def test_encode_order_poolings_and_edge_cases(tiny_config, tmp_path):
@@ -240,6 +462,17 @@ def test_download_from_hub_layout(tiny_folder, tmp_path, monkeypatch):
     assert not [p for p in (tmp_path / "weights/org").iterdir() if p.name.startswith(".")]  # no temp folder left
     assert tok.encode("the man").ids == [2, 7, 8, 3]
     assert torch.equal(m.embeddings.word_embeddings.weight, Bert.from_pretrained(tiny_folder).embeddings.word_embeddings.weight)
+
+
+@pytest.mark.parametrize("name", ["a/../../escaped", "org/../../../tmp/x", "org/..", "a//b", "a/./b", "a\\..\\b",
+                                  "~/x", "org/name/", "-rf", "org/.hidden", "$HOME"])
+def test_model_names_stay_inside_weights(name, tmp_path, monkeypatch):
+    monkeypatch.setattr(bert, "HF_ENDPOINT", "http://127.0.0.1:9")  # nothing may be fetched either
+    monkeypatch.setattr(bert, "WEIGHTS", tmp_path / "weights")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(LoadError, match=r"not found, and it is not a model name \(org/name: letters, digits"):
+        Bert.from_pretrained(name)
+    assert list(tmp_path.iterdir()) == []  # no folder made, inside weights/ or out of it
 
 
 def test_offline_name_says_which_folder_to_fill(tmp_path, monkeypatch):

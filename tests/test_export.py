@@ -3,6 +3,8 @@ folder and reproduce our vectors; Bert.from_pretrained reads it back bit-exact; 
 import io
 import json
 import logging
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -12,13 +14,31 @@ import pytest
 import torch
 
 import bert
-from bert import Bert, BertConfig, batch_tensors, encode, export, load_tokenizer, read_metadata, save_checkpoint
+import export as export_py
+from bert import Bert, BertConfig, batch_tensors, encode, load_tokenizer, read_metadata, save_checkpoint
+from export import export
 
-BERT_PY = str(Path(bert.__file__).resolve())
+EXPORT_PY = str(Path(export_py.__file__).resolve())
+ROOT = Path(EXPORT_PY).parent
 
 
 def cli(*args):
-    return subprocess.run([sys.executable, BERT_PY, "export", *map(str, args)], capture_output=True, text=True)
+    return subprocess.run([sys.executable, EXPORT_PY, *map(str, args)], capture_output=True, text=True)
+
+
+def run_py(code, *args):
+    """python -c code args..., in the repo: export.py's CLI with a trap set (a kill, a Ctrl-C) at one point."""
+    return subprocess.run([sys.executable, "-c", code, *map(str, args)], capture_output=True, text=True, cwd=ROOT)
+
+
+def snapshot(folder):
+    """{relative path: bytes} of every file under folder: what "intact, byte for byte" compares."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def hidden(folder):
+    """Temp folders, set-aside folders and locks left in folder."""
+    return sorted(p.name for p in folder.iterdir() if p.name.startswith("."))
 
 
 def same_weights(a, b):
@@ -132,6 +152,182 @@ def test_cli_refuses_non_empty_and_force_replaces(tiny_ckpt, tmp_path):
     assert not (tmp_path / "x").exists()
 
 
+def test_bert_py_export_still_works(tiny_ckpt, tmp_path):
+    ckpt, m, _ = tiny_ckpt
+    r = subprocess.run([sys.executable, str(ROOT / "bert.py"), "export", ckpt, tmp_path / "out"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert same_weights(Bert.from_pretrained(tmp_path / "out"), m)
+
+
+def test_refuses_non_finite_weights_and_caps_the_length(tiny_ckpt, tmp_path, capsys):
+    ckpt, m, tok = tiny_ckpt
+    for max_len, want in [(1000, 64), ("48", 64), (-1, 64), (None, 64), (32, 32)]:  # 64 = max_position_embeddings
+        save_checkpoint(ckpt, m, {"tokenizer": tok.to_str(), "args": {"max_len": max_len}})
+        out = export(ckpt, tmp_path / f"out-{max_len}")
+        assert json.loads((out / "tokenizer_config.json").read_text())["model_max_length"] == want
+        assert json.loads((out / "sentence_bert_config.json").read_text())["max_seq_length"] == want
+    with torch.no_grad():
+        m.encoder.layer[1].output.dense.weight[3, 4] = float("nan")
+        m.extra["pooler.dense.bias"][0] = float("inf")
+    save_checkpoint(ckpt, m, {"tokenizer": tok.to_str()})
+    with pytest.raises(SystemExit) as e:
+        export_py.main([str(ckpt), str(tmp_path / "nan")])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err == (f"error: {ckpt}: non-finite weights (NaN or inf) in encoder.layer.1.output."
+                                         "dense.weight, pooler.dense.bias; refusing to export them\n")
+    assert not (tmp_path / "nan").exists() and hidden(tmp_path) == []
+
+
+def test_a_bad_config_is_not_exported(tiny_ckpt, tmp_path, capsys):
+    ckpt, m, tok = tiny_ckpt
+    first = export(ckpt, tmp_path / "first")
+    cfg = json.loads((first / "config.json").read_text())
+    (first / "config.json").write_text(json.dumps(dict(cfg, hidden_act="swish")))  # transformers would run it
+    with pytest.raises(SystemExit) as e:
+        export_py.main([str(first), str(tmp_path / "again")])
+    assert e.value.code == 2 and capsys.readouterr().err == (
+        f"error: {first / 'config.json'}: config key 'hidden_act' is \"swish\"; it must be one of gelu, gelu_new, "
+        "gelu_pytorch_tanh\n")
+    assert not (tmp_path / "again").exists()
+
+
+# -----------------------------------------------------------------------------
+# replacing a folder: never lost, one export at a time
+
+
+@pytest.fixture
+def replaced(tiny_ckpt, tmp_path):
+    """(an exported folder, its bytes, a checkpoint of other weights to replace it with)."""
+    ckpt, m, tok = tiny_ckpt
+    out = export(ckpt, tmp_path / "out")
+    torch.manual_seed(1)
+    save_checkpoint(tmp_path / "other.safetensors", Bert(m.config), {"tokenizer": tok.to_str()})
+    return out, snapshot(out), tmp_path / "other.safetensors"
+
+
+def test_second_export_to_one_folder_refuses(replaced, tmp_path):
+    out, before, other = replaced
+    with bert.output_lock(out):  # an export (or train.py) of this process is writing out
+        r = cli(other, out, "--force")
+    assert r.returncode == 2 and "Traceback" not in r.stderr and len(r.stderr.strip().split("\n")) == 1
+    assert r.stderr.startswith(f"error: {out} is being written by another process (pid {os.getpid()}); wait for it")
+    assert snapshot(out) == before and hidden(tmp_path) == []
+
+
+@pytest.mark.parametrize("exc, code, message", [
+    (OSError(5, "Input/output error"), 2, "error: [Errno 5] Input/output error"),
+    (KeyboardInterrupt(), 130, "interrupted")])
+def test_failure_between_the_two_renames_puts_the_old_folder_back(replaced, tmp_path, monkeypatch, capsys, exc, code,
+                                                                  message):
+    out, before, other = replaced
+    monkeypatch.setattr(export_py, "exchange", lambda a, b: False)  # the two-rename path, as without renameat2
+    rename, calls = os.rename, []
+
+    def second_fails(a, b):  # 1: out -> .out.PID.old, 2: the new folder -> out, 3: the old one back
+        calls.append(a)
+        if len(calls) == 2:
+            raise exc
+        rename(a, b)
+    monkeypatch.setattr(os, "rename", second_fails)
+    with pytest.raises(SystemExit) as e:
+        export_py.main([str(other), str(out), "--force"])
+    assert e.value.code == code and capsys.readouterr().err == message + "\n"
+    assert len(calls) == 3 and snapshot(out) == before and hidden(tmp_path) == []
+
+
+def test_when_the_old_folder_cannot_go_back_the_error_says_where_it_is(replaced, tmp_path, monkeypatch):
+    out, before, other = replaced
+    monkeypatch.setattr(export_py, "exchange", lambda a, b: False)
+    rename, calls = os.rename, []
+
+    def fails_after_the_first(a, b):
+        calls.append(a)
+        if len(calls) > 1:
+            raise OSError(28, "No space left on device")
+        rename(a, b)
+    monkeypatch.setattr(os, "rename", fails_after_the_first)
+    old = tmp_path / f".out.{os.getpid()}.old"
+    with pytest.raises(bert.LoadError, match=f"^replacing {out} failed, and so did putting the previous folder back: "
+                                             f"it is at {old}; rename it to out$"):
+        export(other, out, force=True)
+    assert not out.exists() and snapshot(old) == before
+
+
+KILLED_BETWEEN_THE_RENAMES = """
+import os, signal, sys, export
+export.exchange = lambda a, b: False  # the two-rename path, as without renameat2
+rename = os.rename
+def rename_or_die(a, b):
+    if str(a).endswith(".tmp"):  # the new folder going in, the old one already set aside: kill -9 here
+        os.kill(os.getpid(), signal.SIGKILL)
+    rename(a, b)
+os.rename = rename_or_die
+export.main(sys.argv[1:])
+"""
+
+
+def test_export_killed_between_the_renames_is_undone_by_the_next(replaced, tmp_path, capsys):
+    out, before, other = replaced
+    r = run_py(KILLED_BETWEEN_THE_RENAMES, other, out, "--force")
+    assert r.returncode == -signal.SIGKILL and not out.exists()
+    aside = [p for p in tmp_path.iterdir() if p.name.startswith(".out.") and p.name.endswith(".old")]
+    assert len(aside) == 1 and snapshot(aside[0]) == before
+    with pytest.raises(FileExistsError, match="is not empty; pass --force"):  # the old folder came back first
+        export(other, out)
+    note = f"note: put {out} back from {aside[0].name}, where an interrupted export had left it\n"
+    assert capsys.readouterr().err == note
+    assert snapshot(out) == before and hidden(tmp_path) == []  # and the new temp folder and the dead lock are gone
+
+
+KILLED_AFTER_THE_SWAP = """
+import os, shutil, signal, sys, export
+rmtree = shutil.rmtree
+def rmtree_or_die(path, *args, **kwargs):
+    if str(path).endswith(".tmp"):  # the swap is done; the temp name holds the old folder: kill -9 here
+        os.kill(os.getpid(), signal.SIGKILL)
+    rmtree(path, *args, **kwargs)
+shutil.rmtree = rmtree_or_die
+export.main(sys.argv[1:])
+"""
+
+
+def test_export_killed_after_the_swap_leaves_the_new_folder(replaced, tiny_ckpt, tmp_path):
+    out, before, other = replaced
+    r = run_py(KILLED_AFTER_THE_SWAP, other, out, "--force")
+    assert r.returncode == -signal.SIGKILL
+    assert same_weights(Bert.from_pretrained(out), Bert.from_pretrained(other))
+    left = [p for p in tmp_path.iterdir() if p.name.startswith(".out.") and p.name.endswith(".tmp")]
+    assert [snapshot(p) for p in left] in ([before], [])  # the old folder, when the swap was atomic (renameat2)
+    export(tiny_ckpt[0], out, force=True)
+    assert snapshot(out) == before and hidden(tmp_path) == []
+
+
+CTRL_C_MID_EXPORT = """
+import os, signal, sys, bert, export
+save = bert.save_checkpoint
+def save_then_ctrl_c(*args, **kwargs):
+    save(*args, **kwargs)
+    os.kill(os.getpid(), signal.SIGINT)  # a real Ctrl-C: the new folder is written, not yet in place
+bert.save_checkpoint = save_then_ctrl_c
+export.main(sys.argv[1:])
+"""
+
+
+def test_ctrl_c_mid_export_is_one_line_and_exit_130(replaced, tmp_path):
+    out, before, other = replaced
+    r = run_py(CTRL_C_MID_EXPORT, other, out, "--force")
+    assert r.returncode == 130 and r.stderr == "interrupted\n", r.stderr
+    assert snapshot(out) == before and hidden(tmp_path) == []
+
+
+def test_ctrl_c_while_torch_loads(tmp_path):
+    (tmp_path / "torch.py").write_text("raise KeyboardInterrupt  # as if Ctrl-C landed in the middle of import torch\n")
+    r = subprocess.run([sys.executable, EXPORT_PY, "a.safetensors", tmp_path / "out"], capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    assert r.returncode == 130 and r.stderr == "interrupted\n", r.stderr
+
+
 # -----------------------------------------------------------------------------
 # a real checkpoint made from all-MiniLM-L6-v2 (slow)
 
@@ -230,3 +426,22 @@ def test_sentence_transformers_uses_cls(exported, monkeypatch):
     assert len(SENTS) == 50 and theirs.shape == ours.shape == (50, 384)
     assert cos(theirs, ours).min() >= 0.99999
     assert cos(theirs, encode(m, tok, SENTS, pooling="mean")).min() < 0.99  # mean pooling would have been caught
+
+
+@pytest.mark.slow
+def test_long_inputs_fit_the_position_table(tiny_ckpt, tmp_path, monkeypatch):
+    """Trained with --max-len 1000 on a 64-position model: both libraries must truncate at 64, not crash past it."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    transformers = pytest.importorskip("transformers", reason="transformers is the oracle for the HF folder")
+    st = pytest.importorskip("sentence_transformers", reason="sentence-transformers is the oracle for its layout")
+    ckpt, m, tok = tiny_ckpt
+    save_checkpoint(ckpt, m, {"tokenizer": tok.to_str(), "args": {"max_len": 1000}})
+    out = export(ckpt, tmp_path / "out")
+    long = ["the man " * 100, "a b playing"]
+    batch = transformers.AutoTokenizer.from_pretrained(out)(long, padding=True, truncation=True, return_tensors="pt")
+    assert batch["input_ids"].shape[1] == 64
+    with torch.no_grad():
+        theirs = transformers.AutoModel.from_pretrained(out).eval()(**batch).last_hidden_state[:, 0]
+    ours = encode(m, load_tokenizer(out), long, pooling="cls")
+    np.testing.assert_allclose(theirs.numpy(), ours, atol=1e-5)
+    np.testing.assert_allclose(st.SentenceTransformer(str(out), device="cpu").encode(long), ours, atol=1e-5)

@@ -1,0 +1,188 @@
+"""
+Export: one folder that is a Hugging Face BertModel checkpoint and a sentence-transformers model at the same time.
+
+    python export.py sg.safetensors OUT_DIR [--force]      (the older spelling `python bert.py export ...` works too)
+
+Floor 2: every weight, config and tokenizer goes through bert.py, checked on the way in. The folder is built beside
+OUT_DIR under a temporary name, read back, then swapped in, so OUT_DIR is at every instant the old folder or the new
+one; one export per OUT_DIR at a time (bert.output_lock).
+"""
+import argparse
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+try:  # a Ctrl-C while torch loads (seconds) ends like one anywhere else: one line, exit 130
+    import torch
+
+    import bert
+    from bert import Bert, LoadError
+except KeyboardInterrupt:
+    if __name__ != "__main__":
+        raise
+    print("interrupted", file=sys.stderr)
+    sys.exit(130)
+
+
+def export(src, out_dir, force=False):
+    """Write a checkpoint (or a model folder / name) to out_dir: config.json + model.safetensors + tokenizer files
+    for transformers, modules.json + CLS Pooling for sentence-transformers, and a README.md. An existing non-empty
+    out_dir is replaced only with force. Holds bert.output_lock(out_dir) throughout; returns out_dir as a Path."""
+    out = Path(os.path.abspath(out_dir))  # no '.' or '..' as a folder name: the temp names are built from it
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with bert.output_lock(out):
+        bert.clean_leftovers(out)  # what an export killed mid-way left here (and the old folder, if it was set aside)
+        if out.exists() and not out.is_dir():
+            raise FileExistsError(f"{out} exists and is not a folder; choose another OUT_DIR")
+        if out.is_dir() and any(out.iterdir()) and not force:
+            raise FileExistsError(f"{out} is not empty; pass --force to replace it")
+        path = bert.resolve(src)
+        meta = bert.read_metadata(path) if path.suffix == ".safetensors" else {"base_model": str(src)}
+        model, tok = Bert.from_pretrained(path), bert.load_tokenizer(path)
+        files = folder_files(path, out.name, model, tok, meta)
+        tmp = bert.temp_path(out)
+        try:
+            tmp.mkdir(mode=0o755)
+            for name, content in files.items():
+                (tmp / name).parent.mkdir(exist_ok=True)
+                text = content if isinstance(content, str) else json.dumps(content, indent=2) + "\n"
+                (tmp / name).write_text(text, encoding="utf-8")
+            # weights + pooler (model.extra) under HF BertModel names; the metadata keeps it a whole sgbert checkpoint
+            bert.save_checkpoint(tmp / "model.safetensors", model, {**meta, "tokenizer": tok.to_str()})
+            Bert.from_pretrained(tmp), bert.load_tokenizer(tmp)  # it reads back, before it replaces anything
+            replace_dir(tmp, out)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def folder_files(path, name, model, tok, meta):
+    """The files of the export folder but model.safetensors: {relative path: text or JSON value}, all checked."""
+    cfg, args, best = model.config, meta.get("args") or {}, meta.get("best") or {}
+    bad = [k for k, t in {**model.state_dict(), **model.extra}.items() if not torch.isfinite(t).all()]
+    if bad:
+        raise LoadError(f"{path}: non-finite weights (NaN or inf) in {', '.join(bad[:3])}"
+                        + (f" and {len(bad) - 3} more" if len(bad) > 3 else "") + "; refusing to export them")
+    # the length transformers and sentence-transformers truncate to: training's --max-len, never past the positions
+    max_len = args.get("max_len")
+    max_len = min(max_len if type(max_len) is int and max_len > 0 else 512, cfg.max_position_embeddings)
+    tok.no_truncation()  # transformers and sentence-transformers truncate per call (model_max_length, max_seq_length)
+    tj = json.loads(tok.to_str())
+    if tj["model"]["type"] != "WordPiece":
+        raise LoadError(f"{path}: the tokenizer is {tj['model']['type']}, not WordPiece; only BERT tokenizers export")
+    vocab = sorted(tok.get_vocab().items(), key=lambda kv: kv[1])  # with the added [CLS] ... tokens, ordered by id
+    if [i for _, i in vocab] != list(range(len(vocab))):
+        raise LoadError(f"{path}: the tokenizer's ids are not 0..{len(vocab) - 1}, so no vocab.txt can hold them")
+    norm = tj.get("normalizer") or {}  # BertNormalizer: lowercase, strip_accents, handle_chinese_chars
+    special = {f"{n}_token": t for n, t in [("unk", "[UNK]"), ("sep", "[SEP]"), ("pad", "[PAD]"), ("cls", "[CLS]"),
+                                            ("mask", "[MASK]")] if tok.token_to_id(t) is not None}
+    return {
+        "config.json": {"architectures": ["BertModel"], "model_type": "bert", **cfg.to_dict(),
+                        "position_embedding_type": "absolute", "initializer_range": 0.02},
+        "tokenizer.json": tok.to_str(pretty=True),
+        "tokenizer_config.json": {"tokenizer_class": "BertTokenizer", "do_lower_case": bool(norm.get("lowercase")),
+                                  "strip_accents": norm.get("strip_accents"), "do_basic_tokenize": True,
+                                  "tokenize_chinese_chars": norm.get("handle_chinese_chars", True),
+                                  "model_max_length": max_len, **special},
+        "special_tokens_map.json": special,
+        "vocab.txt": "".join(w + "\n" for w, _ in vocab),
+        # sentence-transformers, in the classic layout every version reads (module paths kept as aliases in v3+).
+        # CLS pooling (!!): without 1_Pooling/config.json it silently mean-pools and scores an SG model wrongly.
+        "modules.json": [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+                         {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}],
+        "1_Pooling/config.json": {"word_embedding_dimension": cfg.hidden_size, "pooling_mode_cls_token": True,
+                                  "pooling_mode_mean_tokens": False, "pooling_mode_max_tokens": False,
+                                  "pooling_mode_mean_sqrt_len_tokens": False},
+        "sentence_bert_config.json": {"max_seq_length": max_len, "do_lower_case": False},  # the tokenizer lowercases
+        "config_sentence_transformers.json": {"prompts": {}, "default_prompt_name": None,
+                                              "similarity_fn_name": "cosine"},
+        "README.md": export_readme(name, meta, args, best, cfg, max_len),
+    }
+
+
+def replace_dir(new, out):
+    """Move the folder new to out, replacing out if it exists. Where the system can, the two are swapped in one
+    atomic step, so out is at every instant the old folder or the new one; elsewhere out is set aside as .OUT.PID.old
+    for the instant between two renames, and an error or Ctrl-C there puts it back (a kill -9 there: the next export
+    puts it back, bert.clean_leftovers). The old folder is deleted once the new one is in place."""
+    if not os.path.lexists(out):
+        os.rename(new, out)
+    elif exchange(new, out):
+        shutil.rmtree(new, ignore_errors=True)  # new now holds the old folder
+    else:
+        old = bert.temp_path(out, "old")
+        try:
+            os.rename(out, old)
+            os.rename(new, out)
+        except BaseException:
+            if os.path.lexists(old) and not os.path.lexists(out):
+                try:
+                    os.rename(old, out)
+                except OSError:
+                    raise LoadError(f"replacing {out} failed, and so did putting the previous folder back: it is "
+                                    f"at {old}; rename it to {out.name}") from None
+            raise
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def exchange(a, b):
+    """Swap two paths in one atomic step (Linux renameat2 with RENAME_EXCHANGE); False where the system cannot."""
+    import ctypes
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):  # not Linux, or a C library older than glibc 2.28
+        return False
+    AT_FDCWD, RENAME_EXCHANGE = -100, 2
+    return renameat2(AT_FDCWD, os.fsencode(a), AT_FDCWD, os.fsencode(b), RENAME_EXCHANGE) == 0
+
+
+def export_readme(name, meta, args, best, cfg, max_len):
+    trained = f"trained with SG-BERT (self-guided contrastive learning, Kim et al., ACL 2021) from " \
+        f"`{meta.get('base_model', 'an unknown base model')}`" if args else \
+        f"`{meta.get('base_model', 'a BERT model')}` as it is (no SG-BERT training recorded)"
+    lines = [f"# {name}", "", f"A BERT sentence encoder exported by sgbert: {trained}.",
+             f"{cfg.num_hidden_layers} layers, hidden size {cfg.hidden_size}, max {max_len} tokens. The sentence "
+             "vector is the last layer's [CLS] token: no pooler, no normalization; compare vectors with cosine.", ""]
+    if args:
+        lines += ["## Training", "", f"- loss: `{args.get('loss', '?')}`",
+                  "- arguments: " + ", ".join(f"`{k}={v}`" for k, v in args.items())]
+        if "dev" in best:
+            dev = f"{best['dev']:.2f}" if isinstance(best["dev"], (int, float)) else best["dev"]
+            lines += [f"- best STS-B dev Spearman x100: {dev}" + (f" (step {best['step']})" if "step" in best else "")]
+        lines += [""]
+    lines += ["## Loading", "", "sgbert (`pooling=\"cls\"` matters: other poolings give other vectors):", "```python",
+              "from bert import Bert, load_tokenizer, encode", f"model, tok = Bert.from_pretrained(\"{name}\"), "
+              f"load_tokenizer(\"{name}\")", "vecs = encode(model, tok, sentences, pooling=\"cls\")  # (n, H) float32",
+              "```", "", "transformers (take `last_hidden_state[:, 0]`, not `pooler_output`):", "```python",
+              "from transformers import AutoModel, AutoTokenizer",
+              f"tok, model = AutoTokenizer.from_pretrained(\"{name}\"), AutoModel.from_pretrained(\"{name}\")",
+              "batch = tok(sentences, padding=True, truncation=True, return_tensors=\"pt\")",
+              "vecs = model(**batch).last_hidden_state[:, 0]", "```", "",
+              "sentence-transformers (CLS pooling is set in 1_Pooling/config.json):", "```python",
+              "from sentence_transformers import SentenceTransformer",
+              f"vecs = SentenceTransformer(\"{name}\").encode(sentences)", "```", ""]
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="export.py", description="write an sgbert checkpoint as a Hugging Face BertModel "
+                                "+ sentence-transformers folder")
+    p.add_argument("src", metavar="CHECKPOINT", help="a .safetensors written by train.py, or a model folder or name")
+    p.add_argument("out_dir", metavar="OUT_DIR", help="folder to create; must be absent or empty unless --force")
+    p.add_argument("--force", action="store_true", help="replace OUT_DIR even if it is not empty")
+    a = p.parse_args(argv)
+    try:
+        out = export(a.src, a.out_dir, force=a.force)
+    except (LoadError, OSError) as err:  # user-facing: one line, no traceback
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:  # the temp folder is gone; OUT_DIR is the old folder (or, past the swap, the new one)
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)
+    print(f"exported {a.src} to {out}/ (transformers BertModel + sentence-transformers with CLS pooling)")
+
+
+if __name__ == "__main__":
+    main()
