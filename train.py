@@ -1,17 +1,20 @@
 """
-SG-BERT training: fine-tune BERT_T so that its [CLS] vector agrees with the layer views of a frozen BERT_F.
+Contrastive training of BERT sentence vectors: SG-OPT (the paper), its ablations, ConSERT and SimCSE in one loop.
 
     python train.py --model bert-base-uncased --loss opt      # -> sg.safetensors, then: python evaluate.py --ckpt sg.safetensors
 
 References: Kim, Yoo, Lee, "Self-Guided Contrastive Learning for BERT Sentence Representations", ACL 2021 (section 3),
 and the official code (galsang/SG-BERT), whose defaults we follow where it and the paper disagree; each such
-divergence is a flag (see the README's "faithful to the code or to the paper" table).
+divergence is a flag (see the README's "faithful to the code or to the paper" table). ConSERT: Yan et al., ACL 2021
+(yym6472/ConSERT). SimCSE: Gao et al., EMNLP 2021 (princeton-nlp/SimCSE).
 
-One step: get a batch of sentences -> BERT_F (frozen, no graph) gives the views h_ik, pooled from every hidden
-state k -> BERT_T gives c_i, its last-layer [CLS] -> both go through one projection head f -> contrastive loss
--> backward -> add the gradient of lam * ||BERT_T - BERT_F||^2 -> clip -> AdamW step -> lr from get_lr(step).
-The STS-B dev Spearman of BERT_T's [CLS] is measured at step 0, every --eval-every steps and at the last step;
-the best weights are what we save.
+A method (METHODS) is which encoder makes each side of the contrast, from what input, pooled how, and which loss.
+SG-OPT: side 1 is c_i, BERT_T's last-layer [CLS]; side 2 the views h_ik of a frozen BERT_F, pooled from every hidden
+state k; one projection head f maps both. ConSERT and SimCSE: both sides are BERT_T, twice, with two augmentations or
+two dropout masks. One step is the same few lines for every method: batch -> the two sides -> head -> loss ->
+backward -> (SG family) add the gradient of lam * ||BERT_T - BERT_F||^2 -> clip -> AdamW step -> lr from get_lr(step).
+The STS-B dev Spearman of BERT_T's sentence vector is measured at step 0, every --eval-every steps and at the last
+step; the best weights are what we save.
 """
 import os
 import signal
@@ -21,13 +24,17 @@ if __name__ == "__main__":  # Ctrl-C while torch loads: one line and exit code 1
     signal.signal(signal.SIGINT, lambda *_: (print("train.py: interrupted", file=sys.stderr), os._exit(130)))
 
 import argparse
+import contextlib
 import copy
 import itertools
 import json
 import math
 import subprocess
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Callable
 
 import torch
 
@@ -35,21 +42,52 @@ import bert
 import data
 import evaluate
 import sg_loss
+import views
+
+
+@dataclass(frozen=True)
+class Method:
+    """Which encoder makes side 2 of the contrast, how BERT_T's output becomes its sentence vector in training and
+    at evaluation, which head maps both sides, which loss, and the flag defaults of the method's own recipe."""
+    side2: str  # "BERT_F": the layer views h_ik of the frozen copy; "BERT_T": a second pass of BERT_T
+    loss: Callable  # loss(z1, z2, tau); z2 is (b, L, p) for "opt", else (b, p)
+    one_view: bool = False  # SG / OPT1 / OPT2: one view per sentence, its layer sampled uniformly
+    head: str = "proj"  # "proj": the paper's f (4096 wide); "mlp": SimCSE's Linear + Tanh; "none"
+    pooling: str = "cls"  # BERT_T's sentence vector during training
+    eval_pooling: str = "cls"  # ... at evaluation, recorded in the checkpoint
+    recipe: dict = field(default_factory=dict)
+
+
+METHODS = {
+    "opt": Method("BERT_F", sg_loss.sg_opt),
+    "sg": Method("BERT_F", sg_loss.nt_xent, one_view=True),
+    "opt1": Method("BERT_F", sg_loss.opt1, one_view=True),
+    "opt2": Method("BERT_F", sg_loss.opt2, one_view=True),
+    # ConSERT's unsupervised recipe (scripts/unsup-consert-base.sh): NT-Xent over the 2b views, no head
+    "consert": Method("BERT_T", sg_loss.nt_xent, head="none", pooling="mean", eval_pooling="last2", recipe=dict(
+        tau=0.1, batch_size=96, max_len=64, lr=5e-7, dropout="off", aug1="feature-cutoff:0.2", aug2="shuffle")),
+    # SimCSE's unsupervised recipe: InfoNCE of view 1 against view 2 (gradients through both), MLP over [CLS] in
+    # training, the raw [CLS] at evaluation
+    "simcse": Method("BERT_T", sg_loss.opt2, head="mlp", recipe=dict(tau=0.05, batch_size=64, max_len=32, lr=3e-5)),
+}
+DEFAULTS = dict(tau=0.01, lr=5e-5, batch_size=16, max_len=128, dropout="on", aug1="none", aug2="none")  # SG-OPT's
 
 
 def get_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[1].strip(), formatter_class=argparse.RawDescriptionHelpFormatter)
     a = p.add_argument
     a("--model", default="bert-base-uncased", help="base model: a folder, our .safetensors, or a name in weights/<name>/")
-    a("--loss", default="opt", choices=["opt", "sg", "opt1", "opt2"],
+    a("--loss", default="opt", choices=list(METHODS),
       help="opt: SG-OPT over all b x (l+1) views; sg: NT-Xent; opt1/opt2: the paper's ablations (sg/opt1/opt2 use one "
-           "view per sentence, its layer sampled uniformly)")
-    a("--tau", type=float, default=0.01, help="temperature of the contrastive loss")
-    a("--lam", type=float, default=0.1, help="weight of the regulariser ||BERT_T - BERT_F||^2")
-    a("--lr", type=float, default=5e-5, help="peak learning rate of AdamW")
+           "view per sentence, its layer sampled uniformly); consert, simcse: the other systems, each with its own "
+           "recipe's defaults for the flags marked (method)")
+    a("--tau", type=float, help="temperature of the contrastive loss (method: 0.01 SG, 0.1 ConSERT, 0.05 SimCSE)")
+    a("--lam", type=float, default=0.1, help="weight of the regulariser ||BERT_T - BERT_F||^2 (SG family)")
+    a("--lr", type=float, help="peak learning rate of AdamW (method: 5e-5 SG, 5e-7 ConSERT, 3e-5 SimCSE)")
     a("--weight-decay", type=float, default=0.01,
       help="AdamW weight decay on weights (not biases, not LayerNorm). code: 0.01, paper: not stated")
-    a("--batch-size", type=int, default=16, help="sentences per step (b); the other b-1 sentences are the negatives")
+    a("--batch-size", type=int, help="sentences per step (b); the other b-1 sentences are the negatives (method: 16 "
+      "SG, 96 ConSERT, 64 SimCSE)")
     a("--epochs", type=int, default=1, help="passes over the training sentences")
     a("--max-steps", type=int, default=0, help="stop after this many steps (0: run the epochs)")
     a("--eval-every", type=int, default=50, help="STS-B dev evaluation every N steps (and at step 0 and the last step)")
@@ -57,7 +95,15 @@ def get_args(argv=None):
     a("--early-stop", default="code", choices=["code", "best"],
       help="code: count evaluations whose dev score fell below the previous evaluation's, over the whole run (the "
            "official code); best: count evaluations since the last new best")
-    a("--max-len", type=int, default=128, help="tokens per sentence, [CLS]/[SEP] included; longer ones are truncated")
+    a("--max-len", type=int, help="tokens per sentence, [CLS]/[SEP] included; longer ones are truncated (method: 128 "
+      "SG, 64 ConSERT, 32 SimCSE)")
+    a("--dropout", choices=["on", "off"], help="BERT_T's own dropout in training (method: off for ConSERT, else on)")
+    a("--aug1", help="augmentation of side 1's input (views.py: none, shuffle, token-cutoff:R, feature-cutoff:R, "
+      "dropout:R; method: feature-cutoff:0.2 ConSERT, else none)")
+    a("--aug2", help="augmentation of side 2's input (method: shuffle ConSERT, else none)")
+    a("--pooling", choices=bert.POOLINGS, help="BERT_T's sentence vector in training (method: mean ConSERT, else cls)")
+    a("--eval-pooling", choices=bert.POOLINGS, help="the sentence vector at evaluation, recorded in the checkpoint "
+      "(method: last2 ConSERT, else cls)")
     a("--view-pooling", default="mean", choices=["mean", "max"],
       help="how a layer of BERT_F is pooled into a view h_ik. code: mean, paper: max")
     a("--teacher-dropout", default="on", choices=["on", "off"],
@@ -65,7 +111,9 @@ def get_args(argv=None):
     a("--layers", default=":", help="which BERT_F hidden states give views, as a Python slice A:B over 0..l (default all)")
     a("--no-proj", action="store_true", help="ablation: no projection head f (the loss sees BERT vectors directly)")
     a("--proj-size", type=int, default=4096, help="width of the projection head f")
-    a("--data", default="stsb", help="'stsb' (all 17,256 STS-B sentences, as the official code) or a text file, one per line")
+    a("--data", default="stsb", help="'stsb' (all 17,256 STS-B sentences, as the official code), a text file (one "
+      "sentence per line), or a .tsv of pairs 'sentence<TAB>paraphrase': the paraphrase makes side 2 (BERT_F's "
+      "views for the SG family, the second view for ConSERT / SimCSE)")
     a("--data-dir", default=None, help="data folder with senteval/ and stsbenchmark.tsv.gz (default $SG_DATA, else ./data)")
     a("--out", default="sg.safetensors", help="where the best checkpoint is written")
     a("--overwrite", action="store_true", help="allow an existing --out; it is replaced only once this run has a "
@@ -79,7 +127,12 @@ def get_args(argv=None):
     a("--log-every", type=int, default=10, help="one log line every N steps")
     a("--overfit-batch", action="store_true", help="sanity check: train on the first batch over and over (loss must fall)")
     a("--eval-batch-size", type=int, default=128, help="batch size of the dev-set encoding")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    m = METHODS[args.loss]
+    for k, v in {**DEFAULTS, "pooling": m.pooling, "eval_pooling": m.eval_pooling, **m.recipe}.items():
+        if getattr(args, k) is None:  # the method's recipe, unless a flag says otherwise
+            setattr(args, k, v)
+    return args
 
 
 def die(msg):
@@ -104,8 +157,11 @@ def check_args(args):
             die(f"--{k.replace('_', '-')} {v}: must be a finite number " + ("> 0" if k == "tau" else ">= 0"))
     if not 0 <= args.seed < 2 ** 63:
         die(f"--seed {args.seed}: must be in 0 .. 2^63 - 1")
-    check_output("--out", args.out, ".safetensors")
-    if Path(args.out).exists() and not args.overwrite:
+    try:
+        args.eval_only or bert.check_checkpoint_path(args.out, write=True)
+    except bert.LoadError as e:
+        die(f"--out: {e}")
+    if Path(args.out).exists() and not args.overwrite and not args.eval_only:
         die(f"--out {args.out} exists: pass --overwrite to replace it (it is kept until this run has a checkpoint of "
             f"its own), or choose another --out")
     if args.json:
@@ -113,6 +169,11 @@ def check_args(args):
     if args.device == "cuda" and not torch.cuda.is_available():
         die("--device cuda: no CUDA device is available (use --device cpu)")
     parse_slice(args.layers)
+    for flag in ("aug1", "aug2"):
+        try:
+            views.parse(getattr(args, flag))
+        except ValueError as e:
+            die(f"--{flag} {e}")
 
 
 def check_output(flag, path, suffix):
@@ -196,163 +257,232 @@ def main(argv=None):
     check_args(args)
     device = torch.device("cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available()) else "cpu")
     print(f"sgbert {git_sha()} | device {device} | " + " ".join(f"{k}={v}" for k, v in vars(args).items()))
+    run = setup(args, device)
+    if args.eval_only:
+        return final_report(args, run.bert_F, run.tokenizer, run.data_dir, None, device)
+    with contextlib.ExitStack() as held:
+        try:
+            held.enter_context(bert.output_lock(args.out))  # one run per --out: a second one refuses in one line
+        except bert.OutputLocked as e:
+            die(str(e))
+        keeper = Keeper(args, run)
+        stop, stats = train_loop(args, run, keeper)
+        return finish(args, run, keeper, stop, stats)
 
-    # ---- load everything up front, so bad input fails before any work
+
+def setup(args, device):
+    """Load everything up front (bad input fails before any work) and build BERT_F, BERT_T, the head, the optimizer."""
     try:
         bert_F = bert.Bert.from_pretrained(args.model)
         tokenizer = bert.load_tokenizer(args.model, max_len=min(args.max_len, bert_F.config.max_position_embeddings))
         data_dir = data.resolve_data_dir(args.data_dir)
-        sentences = data.training_sentences(args.data, data_dir)
-        data.load_stsb("dev", data_dir)
+        examples = data.training_sentences(args.data, data_dir)  # sentences, or (sentence, paraphrase) pairs
         for task in data.TASKS if args.eval_all else ["STSBenchmark"]:  # fail now, not after training
             data.load_task(task, data_dir)
     except (bert.LoadError, data.DataError) as e:
         die(str(e))
-    if len(sentences) < 2:
-        die(f"--data {args.data}: {len(sentences)} sentence(s); contrastive training needs at least 2")
+    if len(examples) < 2:
+        die(f"--data {args.data}: {len(examples)} sentence(s); contrastive training needs at least 2")
     if args.data == "stsb":
         print("note: the STS-B dev and test sentences are part of the unlabelled training data, as in the paper "
               "(no labels are used)")
-    cfg = bert_F.config
+    method, cfg = METHODS[args.loss], bert_F.config
     layers = view_layers(args.layers, cfg.num_hidden_layers + 1)
     torch.manual_seed(args.seed)
-    gen = torch.Generator().manual_seed(args.seed)  # shuffle and layer sampling
-
-    if args.eval_only:
-        return final_report(args, bert_F.to(device), tokenizer, data_dir, None, device)
-
-    # ---- BERT_F: frozen, never in the autograd graph; BERT_T: a copy whose embedding block is frozen
+    # BERT_F: frozen, never in the autograd graph; BERT_T: a copy whose embedding block is frozen
     bert_F = bert_F.to(device).train(args.teacher_dropout == "on").requires_grad_(False)
-    bert_T = copy.deepcopy(bert_F).train().requires_grad_(True)
+    bert_T = copy.deepcopy(bert_F).train(args.dropout == "on").requires_grad_(True)
     bert_T.embeddings.requires_grad_(False)
-    head = (sg_loss.ProjectionHead(cfg.hidden_size, args.proj_size) if not args.no_proj else torch.nn.Identity()).to(device)
+    H = cfg.hidden_size
+    head = ("none" if args.no_proj else method.head)
+    head = {"proj": lambda: sg_loss.ProjectionHead(H, args.proj_size), "none": torch.nn.Identity,
+            "mlp": lambda: torch.nn.Sequential(torch.nn.Linear(H, H), torch.nn.Tanh())}[head]().to(device)
     # eps: transformers.AdamW's default; fused: one kernel over all parameters (about 5x faster than the loop on CPU)
     optimizer = torch.optim.AdamW(param_groups([bert_T, head], args.weight_decay), lr=args.lr, betas=(0.9, 0.9),
                                   eps=1e-6, fused=True)
-    trainable = [p for g in optimizer.param_groups for p in g["params"]]
-    n_batches = len(sentences) // args.batch_size + (len(sentences) % args.batch_size >= 2)  # a last batch of 1 has no negatives
+    n_batches = len(examples) // args.batch_size + (len(examples) % args.batch_size >= 2)  # a last batch of 1 has no negatives
     total = args.max_steps or args.epochs * n_batches
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda")
-    print(f"{len(sentences)} sentences | {total} steps of {args.batch_size} | views from BERT_F hidden states "
-          f"{layers[0]}..{layers[-1]} ({len(layers)}) | loss {args.loss} tau {args.tau} lam {args.lam}")
+    print(f"{len(examples)} {'pairs' if isinstance(examples[0], tuple) else 'sentences'} | {total} steps of "
+          f"{args.batch_size} | loss {args.loss} tau {args.tau} | side 2: {method.side2}"
+          + (f" views of hidden states {layers[0]}..{layers[-1]} ({len(layers)}), lam {args.lam}" if method.side2 == "BERT_F"
+             else f" | aug1 {args.aug1} aug2 {args.aug2}"))
+    return SimpleNamespace(
+        method=method, bert_F=bert_F, bert_T=bert_T, head=head, optimizer=optimizer, tokenizer=tokenizer,
+        data_dir=data_dir, examples=examples, layers=layers, total=total, device=device,
+        trainable=[p for g in optimizer.param_groups for p in g["params"]],
+        gen=torch.Generator().manual_seed(args.seed),  # the shuffle, layer sampling and augmentations
+        autocast=torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda"),
+        aug1=views.parse(args.aug1), aug2=views.parse(args.aug2),
+        meta={"tokenizer": tokenizer.to_str(), "base_model": str(args.model), "args": vars(args), "git": git_sha(),
+              "pooling": args.eval_pooling, "method": args.loss})
 
-    def batches():  # endless shuffled epochs; the step count decides when to stop
-        while True:
-            perm = torch.randperm(len(sentences), generator=gen).tolist()
-            for s in range(0, len(perm), args.batch_size):
-                if len(idx := perm[s:s + args.batch_size]) >= 2:
-                    yield [sentences[i] for i in idx]
 
-    def dev_score():
-        return evaluate.stsb_spearman(bert_T, tokenizer, data_dir, "dev", batch_size=args.eval_batch_size)
+def batches(args, run):
+    """Endless shuffled epochs of (side-1 sentences, side-2 sentences or None: the same); the step count decides
+    when to stop."""
+    while True:
+        perm = torch.randperm(len(run.examples), generator=run.gen).tolist()
+        for s in range(0, len(perm), args.batch_size):
+            if len(idx := perm[s:s + args.batch_size]) >= 2:
+                ex = [run.examples[i] for i in idx]
+                yield ([e[0] for e in ex], [e[1] for e in ex]) if isinstance(ex[0], tuple) else (ex, None)
 
-    meta = {"tokenizer": tokenizer.to_str(), "base_model": str(args.model), "args": vars(args), "git": git_sha()}
-    best = {"step": -1, "dev": -math.inf}  # the best evaluation so far
-    saved = {}  # the step and dev score of the checkpoint in --out, once this run has written one
-    keep_old = Path(args.out).exists()  # --overwrite: the old file stays until this run has a checkpoint to replace it
 
-    def kept():  # what --out holds now, for the last line of a run that stops early
-        return (f"the best checkpoint so far (step {saved['step']}, dev {saved['dev']:.2f}) is {args.out}" if saved
-                else f"the previous {args.out} is kept" if keep_old else "no checkpoint was written")
+def sides(args, run, x1, x2):
+    """The two sides of the contrast, through the head, in fp32: z1 (b, p) and z2 ((b, L, p) for BERT_F's views,
+    else (b, p)). Also the time BERT_F took (no graph, no backward: timed apart)."""
+    def encode(model, ids, mask, aug):
+        return model(ids, mask, position_ids=aug.position_ids(mask, run.gen), embedding_fn=aug.embedding_fn(mask, run.gen))
 
-    def save(model, step, dev):
-        try:
-            bert.save_checkpoint(args.out, model, {**meta, "best": {"step": step, "dev": dev}})
-        except OSError as e:  # e.g. a full disk: the file in place is intact (the write is atomic)
-            die(f"cannot write {args.out} ({e.strerror or e}); {kept()}")
-        saved.update(step=step, dev=dev)  # only once the file is in place
+    t0 = time.perf_counter()
+    if run.method.side2 == "BERT_F":  # views h_ik: every selected hidden state of BERT_F, pooled over all tokens
+        with torch.no_grad(), run.autocast:
+            h = layer_views(lambda i, m: encode(run.bert_F, i, m, run.aug2), *x2, run.layers, args.view_pooling)  # (b, L, H)
+    sync(run.device); t_F = time.perf_counter() - t0
+    with run.autocast:
+        c = bert.pool(encode(run.bert_T, *x1, run.aug1), x1[1], args.pooling)  # sentence vectors c_i (b, H)
+        if run.method.side2 == "BERT_F":
+            z1, z2 = project(run.head, c, h)  # one shared head f maps c and h
+        else:  # a second pass of BERT_T: other augmentation, other dropout mask
+            c2 = bert.pool(encode(run.bert_T, *x2, run.aug2), x2[1], args.pooling)
+            z = run.head(torch.cat([c, c2]))
+            z1, z2 = z[:len(c)].float(), z[len(c):].float()
+    return z1, z2, t_F
 
-    def save_if_best(step, dev):
-        if not math.isfinite(dev):  # never let a NaN score pick the "best" model
-            die(f"STS-B dev Spearman is {dev} at step {step} (constant sentence vectors?); {kept()}")
-        if dev > best["dev"]:
-            best.update(step=step, dev=dev)
-            if step > 0 or not keep_old:  # step 0 is the base model: not worth replacing an existing file mid-run
-                save(bert_T, step, dev)
 
-    # ---- the loop
-    phase = dict.fromkeys(["BERT_F fwd", "BERT_T fwd+bwd", "loss", "reg", "optim"], 0.0)
-    stop, step, t_start, history, scores = None, 0, time.time(), [], []
-    data_iter = batches()
+def train_step(args, run, step, x1, x2):
+    """One optimisation step, the same for every method. Returns loss, reg, grad norm and the time of each phase."""
+    sync(run.device); t0 = time.perf_counter()
+    z1, z2, t_F = sides(args, run, x1, x2)
+    t1 = time.perf_counter()
+    if run.method.one_view:  # one view per sentence, its layer sampled uniformly
+        k = torch.randint(z2.shape[1], (z2.shape[0],), generator=run.gen).to(run.device)
+        z2 = z2[torch.arange(z2.shape[0], device=run.device), k]
+    loss = run.method.loss(z1, z2, args.tau)
+    sync(run.device); t2 = time.perf_counter()
+    run.optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    sync(run.device); t3 = time.perf_counter()
+    reg = torch.zeros(())
+    if run.method.side2 == "BERT_F":
+        # L^reg = lam * ||BERT_T - BERT_F||^2 enters as its gradient 2 lam (theta_T - theta_F): same update as
+        # backpropagating it, without an autograd graph over every weight (tests/test_sg_loss.py proves it)
+        reg = sg_loss.add_weight_distance_grad_(run.bert_T, run.bert_F, args.lam)
+    sync(run.device); t4 = time.perf_counter()
+    lr = get_lr(step, run.total, args.lr)
+    for g in run.optimizer.param_groups:
+        g["lr"] = lr
+    norm = torch.nn.utils.clip_grad_norm_(run.trainable, 1.0)
+    run.optimizer.step()
+    sync(run.device); t5 = time.perf_counter()
+    times = (t_F, (t1 - t0 - t_F) + (t3 - t2), t2 - t1, t4 - t3, t5 - t4)
+    return loss, reg, norm, lr, times
+
+
+PHASES = ("BERT_F fwd", "BERT_T fwd+bwd", "loss", "reg", "optim")
+
+
+def train_loop(args, run, keeper):
+    """Steps, a log line every --log-every steps, a dev evaluation every --eval-every steps (and at steps 0 and the
+    last), the best checkpoint kept, early stop. Returns (why it stopped early or None, statistics)."""
+    stats = dict(phase=dict.fromkeys(PHASES, 0.0), history=[], scores=[], step=0, t_start=time.time())
+    data_iter = batches(args, run)
     if args.overfit_batch:
         data_iter = itertools.repeat(next(data_iter))
+    stop, step = None, 0
     try:
-        dev = dev_score()
-        save_if_best(0, dev)
-        scores.append(dev)
+        dev = dev_score(args, run)
+        keeper.offer(0, dev)
+        stats["scores"].append(dev)
         print(f"eval step 0 | STS-B dev {dev:.2f}")
         t_log = time.time()
-        while step < total:
-            batch = next(data_iter)
-            ids, mask = bert.batch_tensors(tokenizer.encode_batch(batch), cfg.pad_token_id, device)
-            sync(device); t0 = time.perf_counter()
-
-            # views h_ik: every selected hidden state of BERT_F, pooled over all tokens ([CLS]/[SEP] included)
-            with torch.no_grad(), autocast:
-                h = layer_views(bert_F, ids, mask, layers, args.view_pooling)  # (b, L, H)
-            sync(device); t1 = time.perf_counter()
-
-            # sentence vectors c_i: BERT_T's last-layer [CLS]; one shared head f maps c and h
-            with autocast:
-                c = bert_T(ids, mask)[-1][:, 0]  # (b, H)
-                zc, zh = project(head, c, h)  # (b, p), (b, L, p), fp32: the loss runs in fp32
-            t2 = time.perf_counter()
-            if args.loss == "opt":
-                loss = sg_loss.sg_opt(zc, zh, args.tau)
-            else:  # one view per sentence, its layer sampled uniformly
-                b, L = h.shape[:2]
-                k = torch.randint(L, (b,), generator=gen).to(device)
-                loss = LOSSES[args.loss](zc, zh[torch.arange(b, device=device), k], args.tau)
-            sync(device); t3 = time.perf_counter()
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            sync(device); t4 = time.perf_counter()
-            # L^reg = lam * ||BERT_T - BERT_F||^2 enters as its gradient 2 lam (theta_T - theta_F): same update as
-            # backpropagating it, without an autograd graph over every weight (tests/test_sg_loss.py proves it)
-            reg = sg_loss.add_weight_distance_grad_(bert_T, bert_F, args.lam)
-            sync(device); t5 = time.perf_counter()
-            lr = get_lr(step, total, args.lr)
-            for g in optimizer.param_groups:
-                g["lr"] = lr
-            norm = torch.nn.utils.clip_grad_norm_(trainable, 1.0)
-            optimizer.step()
-            sync(device); t6 = time.perf_counter()
-            for key, dt in zip(phase, (t1 - t0, (t2 - t1) + (t4 - t3), t3 - t2, t5 - t4, t6 - t5)):
-                phase[key] += dt
-            step += 1
-
-            if step % args.log_every == 0 or step == total:
+        while step < run.total:
+            x1, x2 = next(data_iter)
+            x1 = bert.batch_tensors(run.tokenizer.encode_batch(x1), run.bert_T.config.pad_token_id, run.device)
+            x2 = x1 if x2 is None else bert.batch_tensors(run.tokenizer.encode_batch(x2), run.bert_T.config.pad_token_id, run.device)
+            loss, reg, norm, lr, times = train_step(args, run, step, x1, x2)
+            for key, dt in zip(PHASES, times):
+                stats["phase"][key] += dt
+            step = stats["step"] = step + 1
+            if step % args.log_every == 0 or step == run.total:
                 loss_v = loss.item()  # note: a CPU-GPU sync point, only at log time
-                history.append((step, loss_v))
+                stats["history"].append((step, loss_v))
                 if not math.isfinite(loss_v):
                     stop = f"non-finite loss {loss_v} at step {step}"
                     break
-                dt = (time.time() - t_log) / args.log_every
-                t_log = time.time()
-                eta = (total - step) * (time.time() - t_start) / step
-                print(f"step {step}/{total} | loss {loss_v:.4f} | reg {reg.item():.2e} | norm {norm.item():.2f} "
+                dt, t_log = (time.time() - t_log) / args.log_every, time.time()
+                eta = (run.total - step) * (time.time() - stats["t_start"]) / step
+                print(f"step {step}/{run.total} | loss {loss_v:.4f} | reg {reg.item():.2e} | norm {norm.item():.2f} "
                       f"| lr {lr:.2e} | {1000 * dt:.0f} ms/step | {args.batch_size / dt:.0f} sent/s | ETA {eta / 60:.1f} min")
-            if step % args.eval_every == 0 or step == total:
-                dev = dev_score()
-                save_if_best(step, dev)
-                scores.append(dev)
-                print(f"eval step {step} | STS-B dev {dev:.2f} | best {best['dev']:.2f} (step {best['step']})")
+            if step % args.eval_every == 0 or step == run.total:
+                dev = dev_score(args, run)
+                keeper.offer(step, dev)
+                stats["scores"].append(dev)
+                print(f"eval step {step} | STS-B dev {dev:.2f} | best {keeper.best['dev']:.2f} (step {keeper.best['step']})")
                 t_log = time.time()  # the next log line times training steps, not this evaluation
-                if early_stop(scores, args.early_stop, args.patience):
+                if early_stop(stats["scores"], args.early_stop, args.patience):
                     stop = f"early stop ({args.early_stop} rule, patience {args.patience})"
                     break
     except KeyboardInterrupt:
-        print(f"train.py: interrupted at step {step}; {kept()}", file=sys.stderr)
+        print(f"train.py: interrupted at step {step}; {keeper.kept()}", file=sys.stderr)
         sys.exit(130)
-    wall = time.time() - t_start
-    if saved.get("step") != best["step"]:  # the run is over and the base model stayed the best: now it replaces
-        save(bert_F, 0, best["dev"])         # the old file (BERT_F holds the base weights)
+    return stop, stats
+
+
+def dev_score(args, run):
+    return evaluate.stsb_spearman(run.bert_T, run.tokenizer, run.data_dir, "dev", pooling=args.eval_pooling,
+                                  batch_size=args.eval_batch_size)
+
+
+class Keeper:
+    """The best checkpoint: written to --out on each new best dev score, atomically. An existing --out (allowed by
+    --overwrite) is kept until this run has a checkpoint of its own: the step-0 weights (the base model) replace it
+    only at the end of a run in which nothing beat them."""
+
+    def __init__(self, args, run):
+        self.args, self.run = args, run
+        self.best = {"step": -1, "dev": -math.inf}  # the best evaluation so far
+        self.saved = {}  # the step and dev score of the checkpoint in --out, once this run has written one
+        self.keep_old = Path(args.out).exists()
+
+    def kept(self):  # what --out holds now, for the last line of a run that stops early
+        s, out = self.saved, self.args.out
+        return (f"the best checkpoint so far (step {s['step']}, dev {s['dev']:.2f}) is {out}" if s
+                else f"the previous {out} is kept" if self.keep_old else "no checkpoint was written")
+
+    def save(self, model, step, dev):
+        try:
+            bert.save_checkpoint(self.args.out, model, {**self.run.meta, "best": {"step": step, "dev": dev}})
+        except OSError as e:  # e.g. a full disk: the file in place is intact (the write is atomic)
+            die(f"cannot write {self.args.out} ({e.strerror or e}); {self.kept()}")
+        self.saved = {"step": step, "dev": dev}  # only once the file is in place
+
+    def offer(self, step, dev):
+        if not math.isfinite(dev):  # never let a NaN score pick the "best" model
+            die(f"STS-B dev Spearman is {dev} at step {step} (constant sentence vectors?); {self.kept()}")
+        if dev > self.best["dev"]:
+            self.best = {"step": step, "dev": dev}
+            if step > 0 or not self.keep_old:  # step 0 is the base model: not worth replacing a file mid-run
+                self.save(self.run.bert_T, step, dev)
+
+    def finish(self):
+        if self.saved.get("step") != self.best["step"]:  # the base model stayed the best: it replaces the old file
+            self.save(self.run.bert_F, 0, self.best["dev"])  # (BERT_F holds the base weights)
+
+
+def finish(args, run, keeper, stop, stats):
+    """The final report on the best checkpoint, the JSON, the exit code."""
+    keeper.finish()
+    wall, step = time.time() - stats["t_start"], stats["step"]
     if stop:
-        print(f"{stop}; {kept()}")
+        print(f"{stop}; {keeper.kept()}")
     if step:
-        print(f"{step} steps in {wall / 60:.1f} min | ms/step: " + " | ".join(f"{k} {1000 * v / step:.1f}" for k, v in phase.items()))
-    result = final_report(args, bert.Bert.from_pretrained(args.out).to(device), tokenizer, data_dir, best, device)
-    result.update(steps=step, losses=history, wall_seconds=wall, ms_per_step={k: 1000 * v / max(step, 1) for k, v in phase.items()}, stop=stop)
+        print(f"{step} steps in {wall / 60:.1f} min | ms/step: "
+              + " | ".join(f"{k} {1000 * v / step:.1f}" for k, v in stats["phase"].items()))
+    model = bert.Bert.from_pretrained(args.out).to(run.device)
+    result = final_report(args, model, run.tokenizer, run.data_dir, keeper.best, run.device)
+    result.update(steps=step, losses=stats["history"], wall_seconds=wall, stop=stop,
+                  ms_per_step={k: 1000 * v / max(step, 1) for k, v in stats["phase"].items()})
     if args.json:
         write_json(args.json, result)
     if stop and stop.startswith("non-finite"):
@@ -364,7 +494,8 @@ def write_json(path, obj):
     """Write obj as JSON atomically (a temp file renamed over path): a reader sees the old file or the new one.
     NaN / inf become null, so the file is valid JSON."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    bert.clean_leftovers(path)  # what a killed run of ours left
+    tmp = bert.temp_path(path)
     def finite(x):  # NaN / inf -> null: strict JSON
         if isinstance(x, dict):
             return {k: finite(v) for k, v in x.items()}
@@ -373,9 +504,6 @@ def write_json(path, obj):
         return None if isinstance(x, float) and not math.isfinite(x) else x
     tmp.write_text(json.dumps(finite(obj), indent=2, allow_nan=False) + "\n")
     os.replace(tmp, path)
-
-
-LOSSES = {"sg": sg_loss.nt_xent, "opt1": sg_loss.opt1, "opt2": sg_loss.opt2}  # the one-view-per-sentence losses
 
 
 def layer_views(bert_F, ids, mask, layers, pooling="mean"):
@@ -396,17 +524,18 @@ def project(head, c, h):
 def final_report(args, model, tokenizer, data_dir, best, device):
     """STS-B dev and test Spearman of the best weights (the official code evaluates the last ones by mistake), and
     the STS-B test inference time (the paper's Table 6)."""
-    dev = evaluate.stsb_spearman(model, tokenizer, data_dir, "dev", batch_size=args.eval_batch_size)
+    kw = dict(pooling=args.eval_pooling, batch_size=args.eval_batch_size)
+    dev = evaluate.stsb_spearman(model, tokenizer, data_dir, "dev", **kw)
     sync(device); t0 = time.perf_counter()
-    test = evaluate.stsb_spearman(model, tokenizer, data_dir, "test", batch_size=args.eval_batch_size)
+    test = evaluate.stsb_spearman(model, tokenizer, data_dir, "test", **kw)
     sync(device); test_seconds = time.perf_counter() - t0
     what = "base model" if best is None else f"best checkpoint {args.out} (step {best['step']})"
     print(f"{what} | STS-B dev {dev:.2f} | STS-B test {test:.2f} ({test_seconds:.1f} s)")
     result = {"best_step": None if best is None else best["step"], "dev": dev, "test": test,
               "test_seconds": test_seconds}
     if args.eval_all:
-        table = evaluate.evaluate_model(model, tokenizer, data.TASKS, data_dir, batch_size=args.eval_batch_size)
-        evaluate.print_table(table, data.TASKS, f"{args.out}: 7 STS tasks, [CLS] of the best checkpoint")
+        table = evaluate.evaluate_model(model, tokenizer, data.TASKS, data_dir, **kw)
+        evaluate.print_table(table, data.TASKS, f"{args.out}: 7 STS tasks, {args.eval_pooling} pooling of the best checkpoint")
         result["sts"] = table
     return result
 

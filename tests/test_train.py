@@ -1,5 +1,6 @@
 """train.py end to end on a tiny random BERT and a few dozen sentences: checkpoints, frozen parts, determinism,
 every flag, crashes, bad input."""
+import dataclasses
 import gzip
 import json
 import random
@@ -137,7 +138,7 @@ def crash_after(monkeypatch, n, exc):
             raise exc
         return real(*a)
 
-    monkeypatch.setattr(sg_loss, "sg_opt", loss)
+    monkeypatch.setitem(train.METHODS, "opt", dataclasses.replace(train.METHODS["opt"], loss=loss))
 
 
 def best_state(world):
@@ -187,12 +188,12 @@ def test_a_run_stopped_midway_keeps_the_best_checkpoint(world, monkeypatch, caps
     (["--seed", str(2 ** 64)], "--seed"),
     (["--layers", "5"], "expected a slice"),
     (["--layers", "::0"], "step must not be 0"),
-    (["--out", "sg.pt"], "ending in .safetensors"),
-    (["--out", "."], "ending in .safetensors"),
+    (["--out", "sg.pt"], "does not end in .safetensors"),
+    (["--out", "."], "--out: checkpoint path"),
     (["--json", "/nonexistent-dir/r.json"], "the folder /nonexistent-dir does not exist"),
     (["--json", "r.txt"], "ending in .json"),
     (["--model", "./no-such-model"], "no-such-model not found"),
-    (["--out", "/nonexistent-dir/sg.safetensors"], "the folder /nonexistent-dir does not exist"),
+    (["--out", "/nonexistent-dir/sg.safetensors"], "nonexistent-dir"),
     (["--data", "missing.txt"], "missing.txt not found"),
     (["--layers", "20:"], "selects none"),
     (["--layers", "x"], "expected a slice"),
@@ -326,3 +327,63 @@ def test_ctrl_c_while_importing_is_one_line(tmp_path):
     if p.returncode == 0:
         pytest.skip("the imports finished before the signal")
     assert p.returncode == 130 and "Traceback" not in err and err.strip() == "train.py: interrupted"
+
+
+def test_a_second_run_on_the_same_out_refuses(world, capsys):
+    with bert.output_lock(world["out"]):  # as another live run would hold it
+        with pytest.raises(SystemExit) as e:
+            run(world)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert not world["out"].exists()
+
+
+@pytest.mark.parametrize("loss, pooling", [("consert", "last2"), ("simcse", "cls")])
+def test_consert_and_simcse_train_and_record_their_pooling(world, loss, pooling):
+    result = run(world, "--loss", loss, "--lr", "1e-3")
+    assert all(torch.isfinite(torch.tensor(l)) for _, l in result["losses"])
+    meta = bert.read_metadata(world["out"])
+    assert meta["pooling"] == pooling and meta["method"] == loss
+    m, tok = bert.Bert.from_pretrained(world["out"]), bert.load_tokenizer(world["out"])
+    assert evaluate.stsb_spearman(m, tok, world["data"], "dev", pooling=pooling) == pytest.approx(result["dev"])
+    base = bert.Bert.from_pretrained(world["model"]).state_dict()
+    assert any(not torch.equal(v, base[k]) for k, v in m.state_dict().items()), "nothing trained"
+
+
+def test_method_recipes_are_defaults_that_flags_override():
+    a = train.get_args(["--loss", "consert"])
+    assert (a.tau, a.batch_size, a.max_len, a.lr, a.dropout, a.aug1, a.aug2, a.pooling, a.eval_pooling) == \
+        (0.1, 96, 64, 5e-7, "off", "feature-cutoff:0.2", "shuffle", "mean", "last2")
+    a = train.get_args(["--loss", "simcse", "--tau", "0.1", "--batch-size", "8"])
+    assert (a.tau, a.batch_size, a.max_len, a.lr, a.pooling) == (0.1, 8, 32, 3e-5, "cls")
+    a = train.get_args([])
+    assert (a.tau, a.batch_size, a.max_len, a.lr, a.aug1, a.eval_pooling) == (0.01, 16, 128, 5e-5, "none", "cls")
+
+
+def test_twin_methods_contrast_two_passes_of_bert_T(world, monkeypatch):
+    """SimCSE's two sides are two dropout masks of BERT_T over the same sentences; ConSERT's two augmentations."""
+    seen = []
+    real = train.sides
+
+    def spy(args, run, x1, x2):
+        z1, z2, t = real(args, run, x1, x2)
+        seen.append((z1.detach(), z2.detach(), run.bert_F))
+        return z1, z2, t
+    monkeypatch.setattr(train, "sides", spy)
+    run(world, "--loss", "simcse", "--max-steps", "1")
+    z1, z2, _ = seen[-1]
+    assert z1.shape == z2.shape and not torch.allclose(z1, z2)  # dropout makes them differ
+    seen.clear()
+    run(world, "--loss", "simcse", "--max-steps", "1", "--dropout", "off", "--overwrite")
+    z1, z2, _ = seen[-1]
+    assert torch.allclose(z1, z2)  # no dropout, no augmentation: the two passes agree
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--aug1", "cutout:0.1"], "--aug1 'cutout:0.1': unknown augmentation"),
+    (["--loss", "consert", "--aug2", "dropout:2"], "--aug2 'dropout:2': the rate must be in (0, 1)"),
+])
+def test_bad_augmentations_are_one_line(world, capsys, flags, message):
+    with pytest.raises(SystemExit) as e:
+        run(world, *flags)
+    assert e.value.code == 2 and message in capsys.readouterr().err
