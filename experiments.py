@@ -51,6 +51,7 @@ class Experiment:
     title: str
     variants: list
     note: str = ""
+    baseline: str = ""  # a variant: the report adds each row's avg minus its avg (the paper's Figure 4 drop)
 
 
 SG_OPT = Variant("sg-opt", [], {"BERT-base": "74.62 +- 0.25"})
@@ -83,7 +84,14 @@ EXPERIMENTS = {
         Variant("transfer-text", ["--data", "{transfer_text}"]),
     ], "transfer-text: as many sentences as STS-B's 17,256, drawn (fixed seed) from the SentEval transfer tasks MR, "
        "CR, SUBJ and MPQA (movie and product reviews, opinion snippets). The paper used NLI, not in our data folder, "
-       "and reports the drop from the STS-B-trained run."),
+       "and reports the drop from the STS-B-trained run.", baseline="sg-opt"),
+    "methods": Experiment("SG-OPT, ConSERT and SimCSE on one harness: same data, seeds and evaluator", [
+        Variant("sg-opt", [], {"BERT-base": "74.62 +- 0.25"}),
+        Variant("consert", ["--loss", "consert"], {"BERT-base": "72.74"}),
+        Variant("simcse", ["--loss", "simcse"], {"BERT-base": "76.25"}),
+    ], "Each method with its own recipe (train.py METHODS: tau, batch, max length, lr, pooling, augmentations), "
+       "trained on the STS-B sentences; the paper figures are each method's own paper (ConSERT's trained on STS+SICK "
+       "text for 10 epochs; SimCSE's on 10^6 Wikipedia sentences)."),
 }
 
 # -----------------------------------------------------------------------------
@@ -134,7 +142,7 @@ def find_finished(out, key, seed):
 def transfer_text(data_dir, dest, n=17256, seed=0):
     """A training file of n sentences drawn from MR, CR, SUBJ and MPQA (the SentEval transfer tasks' text)."""
     if not dest.exists():
-        sents = [s for task in ("MR", "CR", "SUBJ", "MPQA") for s in data.load_transfer(task, data_dir)[0]]
+        sents = [s for task in ("MR", "CR", "SUBJ", "MPQA") for s in data.load_transfer(task, data_dir)["all"][0] if s]
         random.Random(seed).shuffle(sents)
         dest.parent.mkdir(parents=True, exist_ok=True)
         tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
@@ -226,6 +234,7 @@ def summarize(name, out):
                "sts": {t: ms([r["sts"][t]["all"] for r in recs]) for t in [*TASKS, "avg"]}}
         if not v.evaluate_only:
             row.update({k: ms([r["train"][k] for r in recs]) for k in ("wall_seconds", "test_seconds", "best_step")})
+            row["ms_per_step"] = ms([sum(r["train"]["ms_per_step"].values()) for r in recs])
         summary[v.name] = row
     return summary
 
@@ -235,20 +244,23 @@ def report(name, out):
     out = Path(out)
     exp, summary = EXPERIMENTS[name], summarize(name, out)
     blocks = sorted({b for v in exp.variants for b in v.paper})
-    head = ["variant", "n", *[SHORT.get(t, t) for t in TASKS], "avg", *[f"paper ({b})" for b in blocks]]
+    base = summary.get(exp.baseline, {}).get("sts", {}).get("avg", [None])[0]
+    head = ["variant", "n", *[SHORT.get(t, t) for t in TASKS], "avg", *([f"avg - {exp.baseline}"] if base else []),
+            *[f"paper ({b})" for b in blocks]]
     lines = [f"## {name}: {exp.title}", "", f"Spearman x100, `all` protocol, mean +- std over seeds. {exp.note}", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for v, row in summary.items():
         cells = [f"{m:.2f} +- {s:.2f}" if len(row["seeds"]) > 1 else f"{m:.2f}" for m, s in row["sts"].values()]
-        lines.append(f"| {v} | {len(row['seeds'])} | " + " | ".join(cells) + " | "
+        delta = [f"{row['sts']['avg'][0] - base:+.2f}"] if base else []
+        lines.append(f"| {v} | {len(row['seeds'])} | " + " | ".join(cells + delta) + " | "
                      + " | ".join(row["paper"].get(b, "") for b in blocks) + " |")
     trained = {v: r for v, r in summary.items() if "wall_seconds" in r}
     if trained:
         lines += ["", "Efficiency (the paper's Table 6): train wall time and STS-B test inference time per run, mean "
-                  "over seeds; best dev step.", "", "| variant | train (min) | STS-B test inference (s) | best step |",
-                  "|---|---|---|---|"]
-        lines += [f"| {v} | {r['wall_seconds'][0] / 60:.1f} | {r['test_seconds'][0]:.1f} | {r['best_step'][0]:.0f} |"
-                  for v, r in trained.items()]
+                  "over seeds; time per training step (all phases); best dev step.", "",
+                  "| variant | train (min) | ms/step | STS-B test inference (s) | best step |", "|---|---|---|---|---|"]
+        lines += [f"| {v} | {r['wall_seconds'][0] / 60:.1f} | {r['ms_per_step'][0]:.0f} | {r['test_seconds'][0]:.1f} | "
+                  f"{r['best_step'][0]:.0f} |" for v, r in trained.items()]
     text = "\n".join(lines) + "\n"
     print(text)
     if summary:

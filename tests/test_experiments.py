@@ -55,9 +55,8 @@ def test_sweep_resumes_after_a_kill_and_reports_numpy_means(sweep, monkeypatch):
     assert sorted(p.relative_to(out).as_posix() for p in out.glob("*/*.json")) == ["base/seed-1.json", "sg/seed-1.json"]
     assert not list(out.glob("*/*.lock")), "the killed run's lock was not released"
 
-    monkeypatch.setattr(subprocess, "run", real)
+    monkeypatch.setattr(subprocess, "run", real)  # the fixture's counting run
     sweep["calls"].clear()
-    monkeypatch.setattr(subprocess, "run", lambda cmd, **kw: (sweep["calls"].append(cmd), real(cmd, **kw))[1])
     experiments.main(["tiny", *sweep["argv"]])
     ran = [(c[1].rsplit("/", 1)[-1], c[c.index("--seed") + 1] if "--seed" in c else None) for c in sweep["calls"]]
     assert ran == [("evaluate.py", None), ("train.py", "2"), ("train.py", "2")]  # only what was missing
@@ -116,3 +115,24 @@ def test_bad_commands_are_one_line(argv, message, capsys):
     with pytest.raises(SystemExit) as e:
         experiments.main(argv)
     assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_report_from_run_files(tmp_path, monkeypatch):
+    """The report alone, on hand-written run records: means, sample stds, the drop from the baseline, ms/step."""
+    monkeypatch.setattr(experiments, "EXPERIMENTS", {"d": Experiment("", [Variant("a"), Variant("b")], baseline="a")})
+    rng = np.random.default_rng(0)
+    for v, shift in (("a", 0.0), ("b", -3.0)):
+        (tmp_path / "d" / v).mkdir(parents=True)
+        for seed in (1, 2, 3):
+            sts = {t: {"all": float(70 + shift + rng.normal())} for t in experiments.TASKS}
+            sts["avg"] = {"all": float(np.mean([x["all"] for x in sts.values()]))}
+            train = dict(best_step=100, dev=80.0, test=75.0, steps=300, stop=None, wall_seconds=60.0 * seed,
+                         test_seconds=2.0, ms_per_step={"BERT_F fwd": 100.0, "BERT_T fwd+bwd": 300.0})
+            (tmp_path / "d" / v / f"seed-{seed}.json").write_text(json.dumps(dict(seed=seed, sts=sts, train=train)))
+    s = experiments.report("d", tmp_path)
+    for v in ("a", "b"):
+        recs = [json.loads((tmp_path / "d" / v / f"seed-{k}.json").read_text()) for k in (1, 2, 3)]
+        xs = [r["sts"]["avg"]["all"] for r in recs]
+        assert s[v]["sts"]["avg"] == pytest.approx([np.mean(xs), np.std(xs, ddof=1)])
+    md = (tmp_path / "d" / "results.md").read_text()
+    assert f"{s['b']['sts']['avg'][0] - s['a']['sts']['avg'][0]:+.2f}" in md and "| 400 |" in md and "| 2.0 |" in md
