@@ -76,6 +76,11 @@ def folder_files(path, name, model, tok, meta):
     if [i for _, i in vocab] != list(range(len(vocab))):
         raise LoadError(f"{path}: the tokenizer's ids are not 0..{len(vocab) - 1}, so no vocab.txt can hold them")
     norm = tj.get("normalizer") or {}  # BertNormalizer: lowercase, strip_accents, handle_chinese_chars
+    pooling = meta.get("pooling") or "cls"  # the method's evaluation pooling, recorded by train.py
+    st_pooling = ST_POOLING.get(pooling, "mean")  # sentence-transformers has no layer-averaging pooling (!!)
+    if st_pooling != pooling:
+        print(f"warning: {path} is evaluated with {pooling} pooling, which sentence-transformers cannot express; its "
+              f"1_Pooling is the last layer's mean instead (a different vector; the README says so)", file=sys.stderr)
     special = {f"{n}_token": t for n, t in [("unk", "[UNK]"), ("sep", "[SEP]"), ("pad", "[PAD]"), ("cls", "[CLS]"),
                                             ("mask", "[MASK]")] if tok.token_to_id(t) is not None}
     return {
@@ -92,13 +97,13 @@ def folder_files(path, name, model, tok, meta):
         # CLS pooling (!!): without 1_Pooling/config.json it silently mean-pools and scores an SG model wrongly.
         "modules.json": [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
                          {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}],
-        "1_Pooling/config.json": {"word_embedding_dimension": cfg.hidden_size, "pooling_mode_cls_token": True,
-                                  "pooling_mode_mean_tokens": False, "pooling_mode_max_tokens": False,
-                                  "pooling_mode_mean_sqrt_len_tokens": False},
+        "1_Pooling/config.json": {"word_embedding_dimension": cfg.hidden_size,
+                                  **{f"pooling_mode_{m}_tokens" if m != "cls" else "pooling_mode_cls_token": m == st_pooling
+                                     for m in ("cls", "mean", "max")}, "pooling_mode_mean_sqrt_len_tokens": False},
         "sentence_bert_config.json": {"max_seq_length": max_len, "do_lower_case": False},  # the tokenizer lowercases
         "config_sentence_transformers.json": {"prompts": {}, "default_prompt_name": None,
                                               "similarity_fn_name": "cosine"},
-        "README.md": export_readme(name, meta, args, best, cfg, max_len),
+        "README.md": export_readme(name, meta, args, best, cfg, max_len, pooling, st_pooling),
     }
 
 
@@ -138,13 +143,27 @@ def exchange(a, b):
     return renameat2(AT_FDCWD, os.fsencode(a), AT_FDCWD, os.fsencode(b), RENAME_EXCHANGE) == 0
 
 
-def export_readme(name, meta, args, best, cfg, max_len):
+ST_POOLING = {"cls": "cls", "mean": "mean", "max": "max"}  # sgbert pooling -> sentence-transformers' own
+
+
+POOLING_WORDS = {"cls": "the last layer's [CLS] token", "mean": "the mean of the last layer over the tokens",
+                 "max": "the max of the last layer over the tokens",
+                 "last2": "the mean over the tokens of the last two layers, averaged",
+                 "first-last": "the mean over the tokens of layer 1 and of the last layer, averaged"}
+
+
+def export_readme(name, meta, args, best, cfg, max_len, pooling="cls", st_pooling="cls"):
     trained = f"trained with SG-BERT (self-guided contrastive learning, Kim et al., ACL 2021) from " \
         f"`{meta.get('base_model', 'an unknown base model')}`" if args else \
         f"`{meta.get('base_model', 'a BERT model')}` as it is (no SG-BERT training recorded)"
     lines = [f"# {name}", "", f"A BERT sentence encoder exported by sgbert: {trained}.",
              f"{cfg.num_hidden_layers} layers, hidden size {cfg.hidden_size}, max {max_len} tokens. The sentence "
-             "vector is the last layer's [CLS] token: no pooler, no normalization; compare vectors with cosine.", ""]
+             f"vector is `{pooling}` pooling ({POOLING_WORDS.get(pooling, pooling)}): no pooler, no normalization; "
+             "compare vectors with cosine.", ""]
+    if st_pooling != pooling:
+        lines += [f"(!!) sentence-transformers has no `{pooling}` pooling: this folder's 1_Pooling takes the mean of the "
+                  "last layer instead, which is a different vector from the one this model was selected and evaluated "
+                  "with. Use sgbert's `encode` (below) for the evaluated vector.", ""]
     if args:
         lines += ["## Training", "", f"- loss: `{args.get('loss', '?')}`",
                   "- arguments: " + ", ".join(f"`{k}={v}`" for k, v in args.items())]
@@ -152,15 +171,18 @@ def export_readme(name, meta, args, best, cfg, max_len):
             dev = f"{best['dev']:.2f}" if isinstance(best["dev"], (int, float)) else best["dev"]
             lines += [f"- best STS-B dev Spearman x100: {dev}" + (f" (step {best['step']})" if "step" in best else "")]
         lines += [""]
-    lines += ["## Loading", "", "sgbert (`pooling=\"cls\"` matters: other poolings give other vectors):", "```python",
+    lines += ["## Loading", "", f"sgbert (`pooling=\"{pooling}\"` matters: other poolings give other vectors):", "```python",
               "from bert import Bert, load_tokenizer, encode", f"model, tok = Bert.from_pretrained(\"{name}\"), "
-              f"load_tokenizer(\"{name}\")", "vecs = encode(model, tok, sentences, pooling=\"cls\")  # (n, H) float32",
-              "```", "", "transformers (take `last_hidden_state[:, 0]`, not `pooler_output`):", "```python",
+              f"load_tokenizer(\"{name}\")", f"vecs = encode(model, tok, sentences, pooling=\"{pooling}\")  # (n, H) float32",
+              "```", "", "transformers (" + ("take `last_hidden_state[:, 0]`" if pooling == "cls" else
+              f"pool `hidden_states` as `{pooling}` above, with output_hidden_states=True") + ", not `pooler_output`):",
+              "```python",
               "from transformers import AutoModel, AutoTokenizer",
               f"tok, model = AutoTokenizer.from_pretrained(\"{name}\"), AutoModel.from_pretrained(\"{name}\")",
               "batch = tok(sentences, padding=True, truncation=True, return_tensors=\"pt\")",
-              "vecs = model(**batch).last_hidden_state[:, 0]", "```", "",
-              "sentence-transformers (CLS pooling is set in 1_Pooling/config.json):", "```python",
+              "vecs = model(**batch).last_hidden_state[:, 0]" if pooling == "cls" else
+              "hidden_states = model(**batch, output_hidden_states=True).hidden_states", "```", "",
+              f"sentence-transformers ({st_pooling} pooling is set in 1_Pooling/config.json):", "```python",
               "from sentence_transformers import SentenceTransformer",
               f"vecs = SentenceTransformer(\"{name}\").encode(sentences)", "```", ""]
     return "\n".join(lines)
@@ -181,7 +203,7 @@ def main(argv=None):
     except KeyboardInterrupt:  # the temp folder is gone; OUT_DIR is the old folder (or, past the swap, the new one)
         print("interrupted", file=sys.stderr)
         sys.exit(130)
-    print(f"exported {a.src} to {out}/ (transformers BertModel + sentence-transformers with CLS pooling)")
+    print(f"exported {a.src} to {out}/ (transformers BertModel + sentence-transformers; see its README for the pooling)")
 
 
 if __name__ == "__main__":

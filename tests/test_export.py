@@ -445,3 +445,16 @@ def test_long_inputs_fit_the_position_table(tiny_ckpt, tmp_path, monkeypatch):
     ours = encode(m, load_tokenizer(out), long, pooling="cls")
     np.testing.assert_allclose(theirs.numpy(), ours, atol=1e-5)
     np.testing.assert_allclose(st.SentenceTransformer(str(out), device="cpu").encode(long), ours, atol=1e-5)
+
+
+@pytest.mark.parametrize("pooling, st_mode, warned", [("cls", "cls_token", False), ("mean", "mean_tokens", False),
+                                                      ("last2", "mean_tokens", True)])
+def test_the_recorded_pooling_is_exported(tiny_ckpt, tmp_path, capsys, pooling, st_mode, warned):
+    path, m, tok = tiny_ckpt
+    save_checkpoint(path, m, {"tokenizer": tok.to_str(), "pooling": pooling})
+    out = export(path, tmp_path / "out")
+    cfg = json.loads((out / "1_Pooling/config.json").read_text())
+    assert [k for k, v in cfg.items() if v is True] == [f"pooling_mode_{st_mode}"]
+    readme, err = (out / "README.md").read_text(), capsys.readouterr().err
+    assert f'pooling="{pooling}"' in readme
+    assert ("no `last2` pooling" in readme and "warning" in err) if warned else "warning" not in err
