@@ -172,23 +172,39 @@ def load_task(name, data_dir):
 
 def training_sentences(spec, data_dir=None):
     """Unlabelled training sentences. "stsb": both sentences of every row of stsbenchmark.tsv.gz (train, dev and test:
-    17,256 sentences, what the official code trains on). Otherwise a UTF-8 text file, one sentence per line."""
+    17,256 sentences, what the official code trains on). Otherwise a UTF-8 text file, one sentence per line, or a
+    .tsv file of (sentence, paraphrase) pairs, returned as tuples. Lines of whitespace or control characters only
+    are skipped."""
     if spec == "stsb":
         return [s for r in read_stsb_tsv(Path(data_dir) / STSB_FILE) for s in (r[6], r[7])]
     path = Path(spec)
     if not path.is_file():
-        raise DataError(f"training data {path} not found: give 'stsb' or a UTF-8 text file with one sentence per line")
-    sents = []
+        raise DataError(f"training data {path} not found: give 'stsb', a UTF-8 text file with one sentence per line, "
+                        "or a .tsv of 'sentence<TAB>paraphrase' pairs")
+    out = []
     for i, raw in enumerate(path.read_bytes().split(b"\n")):
         try:
-            line = raw.decode("utf-8-sig" if i == 0 else "utf-8").strip()
+            line = raw.decode("utf-8-sig" if i == 0 else "utf-8").strip("\r\n")
         except UnicodeDecodeError:
             raise DataError(f"{path}:{i + 1}: line is not valid UTF-8 (save the file as UTF-8)") from None
-        if line:
-            sents.append(line)
-    if not sents:
+        if not printable(line):
+            continue  # blank, or control characters only: not a sentence
+        if path.suffix != ".tsv":
+            out.append(line.strip())
+            continue
+        pair = tuple(x.strip() for x in line.split("\t"))
+        if len(pair) != 2 or not all(printable(x) for x in pair):
+            raise DataError(f"{path}:{i + 1}: expected 'sentence<TAB>paraphrase' (2 non-empty columns), found "
+                            f"{len(pair)} column(s): {line[:80]!r}")
+        out.append(pair)
+    if not out:
         raise DataError(f"{path}: no sentences (the file is empty or blank)")
-    return sents
+    return out
+
+
+def printable(text):
+    """Has at least one character that is neither whitespace nor a control character."""
+    return any(c.isprintable() and not c.isspace() for c in text)
 
 # -----------------------------------------------------------------------------
 # download

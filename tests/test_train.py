@@ -10,6 +10,7 @@ import torch
 from safetensors.torch import save_file
 
 import bert
+import data
 import evaluate
 import sg_loss
 import train
@@ -387,3 +388,40 @@ def test_bad_augmentations_are_one_line(world, capsys, flags, message):
     with pytest.raises(SystemExit) as e:
         run(world, *flags)
     assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("loss", ["opt", "opt2", "simcse"])
+def test_pairs_send_column_1_to_side_1_and_column_2_to_side_2(world, monkeypatch, loss):
+    sents = world["sents"].read_text().split("\n")[:40]
+    pairs = world["tmp"] / "pairs.tsv"
+    pairs.write_text("".join(f"{s}\ta dog is running .\n" for s in sents if s))  # column 2: one constant sentence
+    seen, real_sides = [], train.sides
+
+    def spy(args, run, x1, x2):
+        seen.append((x1[0].clone(), x2[0].clone()))
+        return real_sides(args, run, x1, x2)
+    monkeypatch.setattr(train, "sides", spy)
+    run(world, "--data", str(pairs), "--loss", loss, "--max-steps", "3")
+    tok = bert.load_tokenizer(world["model"])
+    const = tok.encode("a dog is running .").ids
+    for ids1, ids2 in seen:
+        assert all(row[:len(const)].tolist() == const for row in ids2)  # side 2: the paraphrase column
+        firsts = {tuple(r.tolist()) for r in ids1}
+        assert len(firsts) > 1 and all(list(r[:len(const)]) != const for r in firsts)  # side 1: the sentences
+
+
+@pytest.mark.parametrize("text, line", [("a man .\tmen .\nonly one column\n", 2), ("a\tb\tc\n", 1),
+                                        ("a man .\t  \n", 1), ("\tthe paraphrase\n", 1)])
+def test_malformed_pairs_are_one_line(world, capsys, text, line):
+    pairs = world["tmp"] / "pairs.tsv"
+    pairs.write_text(text)
+    with pytest.raises(SystemExit) as e:
+        run(world, "--data", str(pairs))
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and f"pairs.tsv:{line}: expected 'sentence<TAB>paraphrase'" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_control_character_lines_are_not_sentences(world):
+    world["sents"].write_text(world["sents"].read_text() + "\x00\x01\n\x07 \n")
+    assert len(data.training_sentences(str(world["sents"]))) == 40
