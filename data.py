@@ -50,11 +50,14 @@ def how_to_get(d):
             f"senteval/ (SentEval's processed data/downstream/ folder, e.g. SimCSE's senteval.tar) and {STSB_FILE}")
 
 
-def resolve_data_dir(arg=None, fetch=True):
-    """The data folder: arg (--data-dir), else $SG_DATA, else ./data. When it lacks senteval/ or stsbenchmark.tsv.gz,
-    fetch it (fetch=True) or raise DataError saying where we looked and how to get it."""
+def resolve_data_dir(arg=None, fetch=True, need_stsb=True):
+    """The data folder: arg (--data-dir), else $SG_DATA, else ./data. When it lacks senteval/ or (need_stsb: training
+    on STS-B's sentences) stsbenchmark.tsv.gz, fetch it (fetch=True) or raise DataError saying where we looked and how
+    to get it."""
     d = Path(arg or os.environ.get("SG_DATA") or "data")
-    if (d / "senteval").is_dir() and (d / STSB_FILE).is_file():
+    if d.exists() and not d.is_dir():
+        raise DataError(f"data folder {d} is a file: give the folder that holds senteval/ and {STSB_FILE}")
+    if (d / "senteval").is_dir() and ((d / STSB_FILE).is_file() or not need_stsb):
         return d
     if fetch:
         print(f"data folder {d} lacks senteval/ or {STSB_FILE}: downloading them", file=sys.stderr)
@@ -91,8 +94,11 @@ def read_stsb_tsv(path):
     """Rows of stsbenchmark.tsv.gz after its header (split genre dataset year sid score sentence1 sentence2; CR LF)."""
     if not Path(path).is_file():
         raise DataError(f"{path} not found: {how_to_get(Path(path).parent)}")
-    with gzip.open(path, "rb") as f:
-        rows = [r.split("\t") for r in split_lines(f.read().decode("utf-8"))[1:]]
+    try:
+        with gzip.open(path, "rb") as f:
+            rows = [r.split("\t") for r in split_lines(f.read().decode("utf-8"))[1:]]
+    except (OSError, EOFError, UnicodeDecodeError) as e:  # not gzip, truncated, not UTF-8
+        raise DataError(f"{path}: not a readable gzip of UTF-8 text ({e}); {how_to_get(Path(path).parent)}") from None
     bad = [i + 2 for i, r in enumerate(rows) if len(r) != 8]
     if bad:
         raise DataError(f"{path}: line {bad[0]} does not have the 8 tab-separated columns of the header")
@@ -106,24 +112,40 @@ def sts_subset(folder, subset):
     pairs, gold = read_lines(inp, folder.parents[2]), read_lines(gs, folder.parents[2])
     if len(pairs) != len(gold):
         raise DataError(f"{inp} has {len(pairs)} lines but {gs} has {len(gold)}: they must align line by line")
-    s1, s2, y = [], [], []
+    rows = []
     for i, (p, g) in enumerate(zip(pairs, gold)):
         if not g.strip():
             continue
         cols = p.split("\t")
         if len(cols) != 2:
             raise DataError(f"{inp}:{i + 1}: expected 2 tab-separated sentences, found {len(cols)} fields")
-        s1.append(cols[0])
-        s2.append(cols[1])
-        y.append(parse_score(g, gs, i + 1))
-    return s1, s2, np.array(y, dtype=np.float64)
+        rows.append((i + 1, cols[0], cols[1], parse_score(g, gs, i + 1)))
+    return scored_pairs(rows, inp)
 
 
 def parse_score(s, path, line):
+    """A gold similarity score: a finite number in [0, 5], else DataError naming path:line."""
     try:
-        return float(s)
+        y = float(s)
     except ValueError:
         raise DataError(f"{path}:{line}: gold score {s.strip()!r} is not a number") from None
+    if not 0 <= y <= 5:  # also NaN and inf
+        raise DataError(f"{path}:{line}: gold score {s.strip()!r} is not in [0, 5]")
+    return y
+
+
+def scored_pairs(rows, path):
+    """[(line, s1, s2, gold)] -> (s1, s2, gold float64), refusing what would make a Spearman silently wrong: an empty
+    sentence, fewer than 2 pairs, a constant gold column."""
+    for line, a, b, _ in rows:
+        if not a.strip() or not b.strip():
+            raise DataError(f"{path}:{line}: empty sentence in a pair")
+    if len(rows) < 2:
+        raise DataError(f"{path}: {len(rows)} scored pair(s); a Spearman correlation needs at least 2")
+    y = np.array([r[3] for r in rows], dtype=np.float64)
+    if np.ptp(y) == 0:
+        raise DataError(f"{path}: every gold score is {y[0]}; a constant gold column has no ranking to compare")
+    return [r[1] for r in rows], [r[2] for r in rows], y
 
 
 def load_stsb(split, data_dir):
@@ -131,15 +153,13 @@ def load_stsb(split, data_dir):
     (genre, dataset, year, id, score, sentence 1, sentence 2) -> (s1, s2, gold)."""
     assert split in ("train", "dev", "test"), f"STS-B split must be train, dev or test, not {split!r}"
     path = Path(data_dir) / "senteval" / "STS" / "STSBenchmark" / f"sts-{split}.csv"
-    s1, s2, y = [], [], []
+    rows = []
     for i, line in enumerate(read_lines(path, data_dir)):
         cols = line.split("\t")
         if len(cols) < 7:
             raise DataError(f"{path}:{i + 1}: expected 7 tab-separated columns, found {len(cols)}")
-        s1.append(cols[5])
-        s2.append(cols[6])
-        y.append(parse_score(cols[4], path, i + 1))
-    return s1, s2, np.array(y, dtype=np.float64)
+        rows.append((i + 1, cols[5], cols[6], parse_score(cols[4], path, i + 1)))
+    return scored_pairs(rows, path)
 
 
 def load_sick(data_dir):
@@ -147,15 +167,13 @@ def load_sick(data_dir):
     relatedness_score, entailment_judgment (CR LF line ends in the official release)."""
     path = Path(data_dir) / "senteval" / "SICK" / "SICK_test_annotated.txt"
     lines = [line.strip() for line in read_lines(path, data_dir)]
-    s1, s2, y = [], [], []
+    rows = []
     for i, line in enumerate(lines[1:], start=2):
         cols = line.split("\t")
         if len(cols) < 4:
             raise DataError(f"{path}:{i}: expected 5 tab-separated columns, found {len(cols)}")
-        s1.append(cols[1])
-        s2.append(cols[2])
-        y.append(parse_score(cols[3], path, i))
-    return s1, s2, np.array(y, dtype=np.float64)
+        rows.append((i, cols[1], cols[2], parse_score(cols[3], path, i)))
+    return scored_pairs(rows, path)
 
 
 def load_task(name, data_dir):
@@ -258,8 +276,11 @@ def download(data_dir, senteval_url=SENTEVAL_URL, stsb_url=STSB_URL, counts=COUN
     if not parts:
         print(f"{d} already holds senteval/ and {STSB_FILE}: nothing to download", file=sys.stderr)
         return d
-    d.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{d.name}-download-", dir=d.parent))
+    try:
+        d.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{d.name}-download-", dir=d.parent))
+    except OSError as e:
+        raise DataError(f"cannot download into {d.resolve()} ({e.strerror or e}): choose a writable --data-dir") from None
     try:
         try:
             if "senteval" in parts:

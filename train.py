@@ -275,7 +275,7 @@ def setup(args, device):
     try:
         bert_F = bert.Bert.from_pretrained(args.model)
         tokenizer = bert.load_tokenizer(args.model, max_len=min(args.max_len, bert_F.config.max_position_embeddings))
-        data_dir = data.resolve_data_dir(args.data_dir)
+        data_dir = data.resolve_data_dir(args.data_dir, need_stsb=args.data == "stsb")  # --data FILE: no STS-B file needed
         examples = data.training_sentences(args.data, data_dir)  # sentences, or (sentence, paraphrase) pairs
         for task in data.TASKS if args.eval_all else ["STSBenchmark"]:  # fail now, not after training
             data.load_task(task, data_dir)

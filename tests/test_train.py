@@ -425,3 +425,8 @@ def test_malformed_pairs_are_one_line(world, capsys, text, line):
 def test_control_character_lines_are_not_sentences(world):
     world["sents"].write_text(world["sents"].read_text() + "\x00\x01\n\x07 \n")
     assert len(data.training_sentences(str(world["sents"]))) == 40
+
+
+def test_data_file_runs_without_the_stsb_archive(world):
+    (world["data"] / "stsbenchmark.tsv.gz").unlink()
+    assert run(world, "--max-steps", "2")["steps"] == 2
