@@ -252,8 +252,8 @@ def report(name, out):
     for v, row in summary.items():
         cells = [f"{m:.2f} +- {s:.2f}" if len(row["seeds"]) > 1 else f"{m:.2f}" for m, s in row["sts"].values()]
         delta = [f"{row['sts']['avg'][0] - base:+.2f}"] if base else []
-        lines.append(f"| {v} | {len(row['seeds'])} | " + " | ".join(cells + delta) + " | "
-                     + " | ".join(row["paper"].get(b, "") for b in blocks) + " |")
+        paper = [row["paper"].get(b, "") for b in blocks]
+        lines.append(f"| {v} | {len(row['seeds'])} | " + " | ".join(cells + delta + paper) + " |")
     trained = {v: r for v, r in summary.items() if "wall_seconds" in r}
     if trained:
         lines += ["", "Efficiency (the paper's Table 6): train wall time and STS-B test inference time per run, mean "
