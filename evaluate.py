@@ -19,10 +19,16 @@ task's cross-validation (the final refits included) trained as one batched probl
     python evaluate.py --ckpt sg.safetensors --json results.json
     python evaluate.py --ckpt sg.safetensors --tasks transfer --transfer-config simcse
 """
+import os
+import signal
+import sys
+
+if __name__ == "__main__":  # Ctrl-C while torch loads: one line and exit code 130, not a traceback from an import
+    signal.signal(signal.SIGINT, lambda *_: (print("evaluate.py: interrupted", file=sys.stderr), os._exit(130)))
+
 import argparse
 import json
 import math
-import sys
 import time
 from pathlib import Path
 
@@ -437,13 +443,14 @@ def json_safe(x):
     return None if isinstance(x, float) and math.isnan(x) else x
 
 
-def main(argv=None):
+def get_args(argv=None):
     parser = argparse.ArgumentParser(description="STS evaluation (Spearman x100) in the all / wmean / mean protocols, "
                                      "and SentEval's transfer tasks (accuracy)")
     src = parser.add_mutually_exclusive_group(required=True)
     src.add_argument("--model", help="model folder, or a name resolved as weights/<name>/ (e.g. bert-base-uncased)")
     src.add_argument("--ckpt", help="a .safetensors checkpoint written by train.py")
-    parser.add_argument("--pooling", default="cls", choices=bert.POOLINGS, help="sentence vector (default: cls)")
+    parser.add_argument("--pooling", choices=bert.POOLINGS, help="sentence vector (default: the pooling a --ckpt "
+                        "records, e.g. last2 for ConSERT; else cls)")
     parser.add_argument("--layer", type=int, default=-1, help="hidden state to pool, 0 = embeddings (default: -1)")
     parser.add_argument("--tasks", nargs="+", default=["sts"], metavar="TASK",
                         choices=TASKS + list(SHORT.values()) + TRANSFER + list(TASK_SETS),
@@ -458,15 +465,22 @@ def main(argv=None):
     parser.add_argument("--json", help="also write the results to this JSON file")
     parser.add_argument("--layerwise", action="store_true", help="STS-B test Spearman per layer x cls/mean/max")
     parser.add_argument("--plot", help="with --layerwise: draw it to this .png (needs matplotlib)")
-    args = parser.parse_args(argv)
-    tasks = [{v: k for k, v in SHORT.items()}.get(t, t) for t in args.tasks]
-    tasks = list(dict.fromkeys(x for t in tasks for x in TASK_SETS.get(t, [t])))  # expand sets, drop repeats
-    sts, transfer = [t for t in tasks if t in TASKS], [t for t in tasks if t in TRANSFER]
+    parser.add_argument("--pairs-plot", help="the paper's Figure 5: 20 gold-5 and 20 gold-0 STS-B dev pairs in 2-D (PCA), "
+                        "a --ckpt beside its base model, to this .png (needs matplotlib)")
+    return parser.parse_args(argv)
 
-    # refuse bad input before any work starts, with one line each
+
+def check_args(args):
+    """Refuse bad input before any work starts, with one line each."""
     if args.plot and not args.layerwise:
         die("--plot draws the --layerwise table: add --layerwise")
-    if args.plot:
+    for flag, path, suffix in (("--plot", args.plot, ".png"), ("--pairs-plot", args.pairs_plot, ".png"),
+                               ("--json", args.json, ".json")):
+        if path and (Path(path).is_dir() or Path(path).suffix != suffix or not Path(path).resolve().parent.is_dir()):
+            die(f"{flag} {path}: expected a file name ending in {suffix} in an existing folder")
+    if args.pairs_plot and not args.ckpt:
+        die("--pairs-plot compares a trained --ckpt with its base model: give --ckpt")
+    if args.plot or args.pairs_plot:
         try:
             import matplotlib  # noqa: F401
         except ImportError:
@@ -475,25 +489,44 @@ def main(argv=None):
         die(f"--batch-size must be at least 1, not {args.batch_size}")
     if args.device == "cuda" and not torch.cuda.is_available():
         die("--device cuda, but torch sees no CUDA device (use --device cpu)")
-    if args.ckpt and not Path(args.ckpt).is_file():
-        die(f"--ckpt {args.ckpt}: no such file")
-    if args.json and not Path(args.json).resolve().parent.is_dir():
-        die(f"--json {args.json}: folder {Path(args.json).resolve().parent} does not exist")
+
+
+def main(argv=None):
+    args = get_args(argv)
+    check_args(args)
+    tasks = [{v: k for k, v in SHORT.items()}.get(t, t) for t in args.tasks]
+    tasks = list(dict.fromkeys(x for t in tasks for x in TASK_SETS.get(t, [t])))  # expand sets, drop repeats
+    sts, transfer = [t for t in tasks if t in TASKS], [t for t in tasks if t in TRANSFER]
     name = args.ckpt or args.model
     try:
+        if args.ckpt:
+            bert.check_checkpoint_path(args.ckpt)
         model = bert.Bert.from_pretrained(name)  # truncate at the model's own limit (128 at most, as SentEval runs)
         tokenizer = bert.load_tokenizer(name, max_len=min(128, model.config.max_position_embeddings))
+        meta = bert.read_metadata(name) if args.ckpt else {}
     except bert.LoadError as e:  # its message names the file and what to do
         die(e)
     except (OSError, ValueError) as e:
         die(f"cannot load {name}: {e}")
+    args.pooling = args.pooling or meta.get("pooling") or "cls"  # the method's own evaluation pooling
     L = model.config.num_hidden_layers
     if not -L - 1 <= args.layer <= L:
         die(f"--layer {args.layer} out of range: {name} has layers 0..{L} (or -1..-{L + 1} from the top)")
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
     model.to(device)
     try:
-        data_dir = resolve_data_dir(args.data_dir)
+        data_dir = resolve_data_dir(args.data_dir, need_stsb=False)
+        if args.pairs_plot:
+            base = meta.get("base_model")
+            try:
+                before = bert.Bert.from_pretrained(base).to(device), bert.load_tokenizer(base, tokenizer.truncation["max_length"])
+            except bert.LoadError as e:
+                die(f"--pairs-plot: the base model {base!r} recorded in {name} cannot be loaded: {e}")
+            plot_pairs({f"before: {'/'.join(Path(str(base)).parts[-2:])}": sts_pairs_2d(*before, data_dir, args.pooling),
+                        f"after: {Path(name).name}": sts_pairs_2d(model, tokenizer, data_dir, args.pooling)},
+                       args.pairs_plot)
+            print(f"pairs plot (paper Fig. 5) written to {args.pairs_plot}")
+            return
         if args.layerwise:
             t0 = time.perf_counter()
             table = layerwise(model, tokenizer, data_dir, args.batch_size)
@@ -526,9 +559,16 @@ def main(argv=None):
             print_transfer(results.get("transfer", results), transfer,
                            f"SentEval transfer accuracy x100 | {where} | classifier {args.transfer_config}")
     if args.json:
-        Path(args.json).write_text(json.dumps(json_safe(results), indent=2) + "\n")
+        tmp = bert.temp_path(Path(args.json))
+        tmp.write_text(json.dumps(json_safe(results), indent=2) + "\n")
+        os.replace(tmp, args.json)  # atomic: the old file or the new one
         print(f"results written to {args.json}")
 
 
 if __name__ == "__main__":
-    main()
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        main()
+    except KeyboardInterrupt:
+        print("evaluate.py: interrupted", file=sys.stderr)
+        sys.exit(130)

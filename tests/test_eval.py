@@ -451,3 +451,52 @@ def test_minilm_cli_vs_transformers(minilm_path, tiny_data, tmp_path):
             golds.append(gold)
         rho = 100 * spearmanr(np.concatenate(sims), np.concatenate(golds)).statistic
         assert res[name]["all"] == pytest.approx(rho, abs=1e-3), name
+
+# -----------------------------------------------------------------------------
+# the checkpoint's pooling, Figure 5
+
+
+def tiny_ckpt(tiny_model, path, **meta):
+    model, tok = bert.Bert.from_pretrained(tiny_model), bert.load_tokenizer(tiny_model)
+    bert.save_checkpoint(path, model, {"tokenizer": tok.to_str(), "base_model": str(tiny_model), **meta})
+    return path
+
+
+def test_a_checkpoint_is_evaluated_with_its_recorded_pooling(tiny_data, tiny_model, tmp_path):
+    ckpt, out = tiny_ckpt(tiny_model, tmp_path / "c.safetensors", pooling="mean"), tmp_path / "r.json"
+    common = ["--ckpt", str(ckpt), "--data-dir", str(tiny_data[0]), "--json", str(out), "--tasks", "STS13"]
+    evaluate.main(common)
+    assert json.loads(out.read_text())["pooling"] == "mean"
+    evaluate.main([*common, "--pooling", "cls"])  # a flag still wins
+    assert json.loads(out.read_text())["pooling"] == "cls"
+
+
+def test_pca_2d_is_sklearns_pca_up_to_sign():
+    decomposition = pytest.importorskip("sklearn.decomposition")
+    x = np.random.default_rng(0).normal(size=(40, 12)) * np.arange(1, 13)
+    ours, theirs = evaluate.pca_2d(x), decomposition.PCA(2).fit_transform(x)
+    np.testing.assert_allclose(np.abs(ours), np.abs(theirs), atol=1e-8)
+
+
+def test_pairs_2d_takes_the_first_gold_5_and_gold_0_pairs(tiny_model, monkeypatch):
+    gold = np.array([5.0, 2.0, 0.0, 5.0, 0.0, 5.0, 0.0, 1.0])
+    s1, s2 = [f"w{i} x{i}" for i in range(8)], [f"x{i} w{9 - i}" for i in range(8)]
+    monkeypatch.setattr(evaluate, "load_stsb", lambda split, d: (s1, s2, gold))
+    model, tok = bert.Bert.from_pretrained(tiny_model), bert.load_tokenizer(tiny_model)
+    pos, neg = evaluate.sts_pairs_2d(model, tok, None, "mean", n=2)
+    idx = [0, 3, 2, 4]  # the first two of each
+    v = bert.encode(model, tok, [s1[i] for i in idx] + [s2[i] for i in idx], pooling="mean")
+    xy = evaluate.pca_2d(v / np.linalg.norm(v, axis=1, keepdims=True))
+    np.testing.assert_allclose(pos, np.stack([xy[[0, 4]], xy[[1, 5]]]), atol=1e-10)
+    np.testing.assert_allclose(neg, np.stack([xy[[2, 6]], xy[[3, 7]]]), atol=1e-10)
+    with pytest.raises(data.DataError, match="the plot needs 4 each"):
+        evaluate.sts_pairs_2d(model, tok, None, "mean", n=4)
+
+
+@pytest.mark.parametrize("flags, message", [(["--pairs-plot", "f.png"], "give --ckpt"),
+                                            (["--pairs-plot", "f.txt"], "ending in .png"),
+                                            (["--json", "r.txt"], "ending in .json")])
+def test_pairs_plot_and_output_flags_are_checked_first(tiny_model, tiny_data, capsys, flags, message):
+    with pytest.raises(SystemExit) as e:
+        evaluate.main(["--model", str(tiny_model), "--data-dir", str(tiny_data[0]), *flags])
+    assert e.value.code == 2 and message in capsys.readouterr().err
