@@ -362,8 +362,9 @@ def read_config(src):
 def save_checkpoint(path, model, meta):
     """Write the model's weights (HF BertModel key names) and meta to a .safetensors file, atomically: a temp file
     beside it, then a rename, so a crash never leaves a half-written checkpoint. The same model and meta give the
-    same bytes. It takes no lock: whoever writes path over a whole run holds output_lock(path) for it."""
-    path = Path(path)
+    same bytes. It takes no lock: whoever writes path over a whole run holds output_lock(path) for it. A symlink is
+    followed: its target is replaced, the link stays."""
+    path = Path(os.path.realpath(path))
     tensors = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in model.state_dict().items()}
     tensors.update({k: v.detach().cpu().contiguous() for k, v in model.extra.items()})
     meta = {"format": "pt", "config": model.config.to_dict(), **meta}

@@ -430,3 +430,11 @@ def test_control_character_lines_are_not_sentences(world):
 def test_data_file_runs_without_the_stsb_archive(world):
     (world["data"] / "stsbenchmark.tsv.gz").unlink()
     assert run(world, "--max-steps", "2")["steps"] == 2
+
+
+def test_a_symlinked_out_stays_a_symlink(world):
+    target = world["tmp"] / "real.safetensors"
+    world["out"].symlink_to(target)  # dangling until the run writes its target
+    run(world)
+    assert world["out"].is_symlink() and target.is_file()
+    assert bert.read_metadata(world["out"])["best"]["step"] >= 0
