@@ -639,5 +639,9 @@ def encode_many(model, tokenizer, sentences, specs, batch_size=64):
     return out
 
 if __name__ == "__main__":  # `python bert.py export ...` still works: the export CLI lives in export.py (floor 2)
-    import export
+    try:
+        import export
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)
     export.main(sys.argv[2:] if sys.argv[1:2] == ["export"] else sys.argv[1:])

@@ -405,3 +405,6 @@ if __name__ == "__main__":
         download(Path(args.data_dir or os.environ.get("SG_DATA") or "data"))
     except DataError as e:
         sys.exit(f"error: {e}")
+    except KeyboardInterrupt:  # the download's temp folder is removed on the way out; the data folder is untouched
+        print("data.py: interrupted", file=sys.stderr)
+        sys.exit(130)
