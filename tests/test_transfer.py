@@ -20,6 +20,16 @@ from data import DataError
 ROOT = Path(__file__).resolve().parents[1]
 SENTEVAL = Path(os.environ.get("SENTEVAL_DIR") or ROOT.parent / "shared" / "senteval")
 
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """These problems are a few thousand tiny steps: on a machine shared with other jobs, torch's second OpenMP thread
+    turns each step into a wait for a busy core (minutes instead of seconds), and one thread loses nothing here."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
 # -----------------------------------------------------------------------------
 # the batched trainer
 
