@@ -132,17 +132,31 @@ class Layer(nn.Module):
         self.output = nn.ModuleDict(dict(dense=nn.Linear(I, H), LayerNorm=nn.LayerNorm(H, eps=eps)))
         self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
 
-    def forward(self, x, mask):
-        B, T, H = x.shape
+    def forward(self, x, mask, B, T, keep=None):
+        """x (N, H): the real tokens of a (B, T) batch, packed (keep: their flat indices; None: all B * T rows).
+        Everything but attention acts on each token alone, so it runs on the N real rows only; attention unpacks
+        q, k, v to (B, nh, T, hs) for its key mask. mask: (B, 1, 1, T) bool, True = attend, or None."""
+        H = x.shape[-1]
         sa, ao = self.attention.self, self.attention.output
-        q, k, v = (lin(x).view(B, T, self.nh, H // self.nh).transpose(1, 2) for lin in (sa.query, sa.key, sa.value))
-        # q, k, v: (B, nh, T, hs); mask: (B, 1, 1, T) bool, True = attend. Padding keys are never attended to,
-        # so the outputs at real tokens do not depend on how much padding the batch has.
+        # q, k and v from one (N, 3H) product: one larger GEMM is faster than three, and one unpack
+        w = torch.cat([sa.query.weight, sa.key.weight, sa.value.weight])
+        b = torch.cat([sa.query.bias, sa.key.bias, sa.value.bias])
+        qkv = unpack(F.linear(x, w, b), keep, B, T).view(B, T, 3, self.nh, H // self.nh)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4)  # each (B, nh, T, hs)
+        # padding keys are never attended to, so the outputs at real tokens do not depend on the padding
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=self.attn_drop if self.training else 0.0)
-        y = y.transpose(1, 2).reshape(B, T, H)
+        y = y.transpose(1, 2).reshape(B * T, H)
+        y = y if keep is None else y.index_select(0, keep)  # (N, H)
         x = ao.LayerNorm(x + self.dropout(ao.dense(y)))
-        h = F.gelu(self.intermediate.dense(x), approximate=self.gelu)  # (B, T, I)
+        h = F.gelu(self.intermediate.dense(x), approximate=self.gelu)  # (N, I)
         return self.output.LayerNorm(x + self.dropout(self.output.dense(h)))
+
+
+def unpack(x, keep, B, T):
+    """Packed rows x (N, D) -> (B, T, D) with zeros at the padding (keep: the real rows' flat indices)."""
+    if keep is None:
+        return x.view(B, T, -1)
+    return x.new_zeros(B * T, x.shape[-1]).index_copy(0, keep, x).view(B, T, -1)
 
 
 class Bert(nn.Module):
@@ -177,9 +191,17 @@ class Bert(nn.Module):
         if embedding_fn is not None:
             x = embedding_fn(x)
         hidden_states = [x]
+        # the layers see only the real tokens, packed: on STS-B-like batches about half of B * T is padding, and
+        # the padding rows of a layer's output are 0 (no one reads them: pooling and attention mask them)
+        keep = None
+        if mask is not None and attention_mask.all():
+            mask = None  # no padding: no mask
+        elif mask is not None:
+            keep = attention_mask.flatten().nonzero().squeeze(1)
+        x = x.reshape(B * T, -1) if keep is None else x.reshape(B * T, -1).index_select(0, keep)
         for layer in self.encoder.layer:
-            x = layer(x, mask)
-            hidden_states.append(x)
+            x = layer(x, mask, B, T, keep)
+            hidden_states.append(unpack(x, keep, B, T))
         return hidden_states  # list of L+1 (B, T, H); [0] = embedding output, [k] = output of layer k
 
     @classmethod
