@@ -48,60 +48,71 @@ def _check_pair(c, h, tau, name):
     assert tau > 0, f"{name}: the temperature tau must be > 0, got {tau}"
 
 
-def sg_opt(c, h, tau):
+def _anchors(b, rows, device):
+    """Global indices of the anchor sentences: all b, or the slice `rows` (a process's share of a global batch)."""
+    return torch.arange(b, device=device)[rows if rows is not None else slice(None)]
+
+
+def sg_opt(c, h, tau, rows=None):
     """L^opt3: mean over i, k of -log( phi(c_i, h_ik) / (phi(c_i, h_ik) + sum_{m != i} sum_n phi(c_i, h_mn)) ).
 
     c (b, p), h (b, L, p). Not in the denominator: the other sentences' c_j and sentence i's views at other layers.
     One (b, b*L) similarity matrix, no loop over layers and no copies of the negatives. With b = 1 there are no
-    negatives and the loss is 0 with a zero gradient.
+    negatives and the loss is 0 with a zero gradient. rows: the anchors i this process owns (a slice of the global
+    batch; None: all); every loss here is the mean over its anchors' terms, so equal slices averaged over the
+    processes give the mean over all of them.
     """
     assert c.dim() == 2 and h.dim() == 3, \
         f"sg_opt wants c (b, p) and h (b, L, p), got c {tuple(c.shape)} and h {tuple(h.shape)}"
     b, L, p = h.shape
     assert c.shape == (b, p), f"sg_opt: c {tuple(c.shape)} does not match h {tuple(h.shape)}, want c ({b}, {p})"
     assert tau > 0, f"sg_opt: the temperature tau must be > 0, got {tau}"
-    c = F.normalize(_up(c), dim=-1)
+    i = _anchors(b, rows, c.device)  # (r,): the anchors' sentence indices
+    c = F.normalize(_up(c[i]), dim=-1)
     h = _up(h).reshape(b * L, p)  # row m*L + n is h_mn
     # cos(c_i, h_mn) = c_i . h_mn / |h_mn|: scaling the columns of sim saves a normalised copy of h (b*L x p)
-    sim = (c @ h.T) / (h.norm(dim=-1).clamp_min(1e-12) * tau)  # sim: (b, b*L)
-    sim = sim.view(b, b, L)  # sim[i, m, n] = cos(c_i, h_mn) / tau
-    pos = sim.diagonal(dim1=0, dim2=1).T  # (b, L): pos[i, k] = cos(c_i, h_ik) / tau
+    sim = (c @ h.T) / (h.norm(dim=-1).clamp_min(1e-12) * tau)  # sim: (r, b*L)
+    sim = sim.view(len(i), b, L)  # sim[a, m, n] = cos(c_i, h_mn) / tau for anchor a = sentence i
+    pos = sim[torch.arange(len(i), device=c.device), i]  # (r, L): pos[a, k] = cos(c_i, h_ik) / tau
     # log sum_{m != i} sum_n phi(c_i, h_mn): mask sentence i's whole block, not only the positive. The fill is
     # finite rather than -inf so that b = 1 (an empty sum) gives loss 0 and gradient 0 instead of NaN (!!)
-    own = torch.eye(b, dtype=torch.bool, device=sim.device)[:, :, None]  # (b, b, 1)
-    neg = sim.masked_fill(own, torch.finfo(sim.dtype).min).logsumexp(dim=(1, 2))  # (b,)
-    return (torch.logaddexp(pos, neg[:, None]) - pos).mean()  # -log(phi / (phi + negatives)), mean over b*L
+    own = (i[:, None] == torch.arange(b, device=c.device))[:, :, None]  # (r, b, 1)
+    neg = sim.masked_fill(own, torch.finfo(sim.dtype).min).logsumexp(dim=(1, 2))  # (r,)
+    return (torch.logaddexp(pos, neg[:, None]) - pos).mean()  # -log(phi / (phi + negatives)), mean over r*L
 
 
-def nt_xent(c, h, tau):
+def nt_xent(c, h, tau, rows=None):
     """L^base: for each of the 2b vectors x_m in {c_i} U {h_i}, -log( phi(x_m, mu(x_m)) / sum_{n != m} phi(x_m, x_n) ),
-    mean over the 2b terms; mu pairs c_i with h_i. c, h (b, p)."""
+    mean over the 2b terms; mu pairs c_i with h_i. c, h (b, p). rows: anchors c_i and h_i for i in rows only."""
     _check_pair(c, h, tau, "nt_xent")
     b = c.shape[0]
     x = F.normalize(_up(torch.cat([c, h])), dim=-1)  # (2b, p): x_m = c_m for m < b, h_{m-b} after
-    eye = torch.eye(2 * b, dtype=torch.bool, device=x.device)
-    sim = (x @ x.T / tau).masked_fill(eye, float("-inf"))  # sim: (2b, 2b), diagonal masked (n != m)
-    mu = torch.arange(2 * b, device=x.device).roll(b)  # mu(c_i) = h_i is column b + i, mu(h_i) = c_i is column i
-    return F.cross_entropy(sim, mu)
+    i = _anchors(b, rows, x.device)
+    m = torch.cat([i, i + b])  # the anchors' rows in x
+    sim = (x[m] @ x.T / tau)  # (2r, 2b)
+    sim = sim.masked_fill(m[:, None] == torch.arange(2 * b, device=x.device), float("-inf"))  # n != m
+    return F.cross_entropy(sim, (m + b) % (2 * b))  # mu(c_i) = h_i is column b + i, mu(h_i) = c_i is column i
 
 
-def opt1(c, h, tau):
+def opt1(c, h, tau, rows=None):
     """L^opt1: mean over i of -log( phi(c_i, h_i) / (sum_{j != i} phi(c_i, c_j) + sum_j phi(c_i, h_j)) ).
-    c, h (b, p)."""
+    c, h (b, p). rows: the anchors c_i."""
     _check_pair(c, h, tau, "opt1")
     b = c.shape[0]
     c, h = F.normalize(_up(c), dim=-1), F.normalize(_up(h), dim=-1)
-    eye = torch.eye(b, dtype=torch.bool, device=c.device)
-    sim = torch.cat([c @ h.T, (c @ c.T).masked_fill(eye, float("-inf"))], dim=1) / tau  # sim: (b, 2b): [h_j | c_j]
-    return F.cross_entropy(sim, torch.arange(b, device=c.device))
+    i = _anchors(b, rows, c.device)
+    own = i[:, None] == torch.arange(b, device=c.device)
+    sim = torch.cat([c[i] @ h.T, (c[i] @ c.T).masked_fill(own, float("-inf"))], dim=1) / tau  # (r, 2b): [h_j | c_j]
+    return F.cross_entropy(sim, i)
 
 
-def opt2(c, h, tau):
-    """L^opt2: mean over i of -log( phi(c_i, h_i) / sum_j phi(c_i, h_j) ). c, h (b, p)."""
+def opt2(c, h, tau, rows=None):
+    """L^opt2: mean over i of -log( phi(c_i, h_i) / sum_j phi(c_i, h_j) ). c, h (b, p). rows: the anchors c_i."""
     _check_pair(c, h, tau, "opt2")
     c, h = F.normalize(_up(c), dim=-1), F.normalize(_up(h), dim=-1)
-    sim = c @ h.T / tau  # sim: (b, b), positives on the diagonal
-    return F.cross_entropy(sim, torch.arange(c.shape[0], device=c.device))
+    i = _anchors(c.shape[0], rows, c.device)
+    sim = c[i] @ h.T / tau  # sim: (r, b), positives at column i
+    return F.cross_entropy(sim, i)
 
 
 def _pairs(tuned, fixed):
@@ -133,13 +144,17 @@ def weight_distance(tuned, fixed):
 def add_weight_distance_grad_(tuned, fixed, lam):
     """Add the gradient of lam * L^reg, 2 * lam * (theta_T - theta_F), to each tuned .grad, with no autograd graph
     over all the weights. Same update as backward through lam * weight_distance (tests/test_sg_loss.py checks it).
-    Parameters with requires_grad=False are skipped. Returns the penalty lam * L^reg (for logging)."""
+    Parameters with requires_grad=False are skipped: their distance is a constant without gradient, and it is left
+    out of the returned penalty lam * L^reg (for logging). In train.py it is 0 anyway (BERT_T's frozen embeddings are
+    BERT_F's), and skipping it saves a pass over the 30522 x H word embeddings every step."""
     T, Fx = _pairs(tuned, fixed)
+    pairs = [(t, f) for t, f in zip(T, Fx) if t.requires_grad]
+    if not pairs:
+        return torch.zeros(())
+    T, Fx = zip(*pairs)
     diffs = torch._foreach_sub(T, Fx)
-    train = [i for i, t in enumerate(T) if t.requires_grad]
-    for i in train:
-        if T[i].grad is None:
-            T[i].grad = torch.zeros_like(T[i])
-    if train:
-        torch._foreach_add_([T[i].grad for i in train], [diffs[i] for i in train], alpha=2 * lam)
+    for t in T:
+        if t.grad is None:
+            t.grad = torch.zeros_like(t)
+    torch._foreach_add_([t.grad for t in T], diffs, alpha=2 * lam)
     return lam * _sum_sq(diffs)

@@ -231,7 +231,9 @@ def test_grad_form_gives_the_same_adamw_update():
         loss_b.backward()
         assert tuned_b[1].bias.grad is None  # unused by the data loss: its .grad gets created
         penalty = add_weight_distance_grad_(tuned_b, fixed, lam)
-        torch.testing.assert_close(loss_b + penalty, loss_a.detach(), rtol=1e-12, atol=0)
+        frozen = lam * (tuned_b[1].weight - fixed[1].weight).square().sum()  # a constant, left out of penalty
+        assert frozen > 0
+        torch.testing.assert_close(loss_b + penalty + frozen, loss_a.detach(), rtol=1e-12, atol=0)
         assert tuned_b[1].weight.grad is None
         for a, b in zip(tuned_a.parameters(), tuned_b.parameters()):
             if a.requires_grad:
@@ -257,3 +259,22 @@ def test_projection_head_layout_and_init():
     x = torch.randn(3, 5, 384)
     want = F.gelu(F.gelu(x @ f.net[0].weight.T + f.net[0].bias) @ f.net[2].weight.T + f.net[2].bias)
     torch.testing.assert_close(f(x), want)
+
+
+@pytest.mark.parametrize("loss", [sg_opt, nt_xent, opt1, opt2])
+@pytest.mark.parametrize("parts", [2, 4])
+def test_rows_split_the_batch_exactly(loss, parts):
+    """A process's share (rows) of a global batch: the mean over equal shares is the loss, and so is its gradient
+    (what data-parallel training with gathered negatives relies on)."""
+    torch.manual_seed(0)
+    b, L, p = 8, 3, 5
+    c = torch.randn(b, p, dtype=torch.float64, requires_grad=True)
+    h = torch.randn(*((b, L, p) if loss is sg_opt else (b, p)), dtype=torch.float64, requires_grad=True)
+    full = loss(c, h, 0.1)
+    gc, gh = torch.autograd.grad(full, (c, h))
+    share = b // parts
+    split = sum(loss(c, h, 0.1, rows=slice(r * share, (r + 1) * share)) for r in range(parts)) / parts
+    sc, sh = torch.autograd.grad(split, (c, h))
+    torch.testing.assert_close(split, full, rtol=1e-12, atol=0)
+    torch.testing.assert_close(sc, gc, rtol=1e-10, atol=1e-14)
+    torch.testing.assert_close(sh, gh, rtol=1e-10, atol=1e-14)
