@@ -15,6 +15,11 @@ two dropout masks. One step is the same few lines for every method: batch -> the
 backward -> (SG family) add the gradient of lam * ||BERT_T - BERT_F||^2 -> clip -> AdamW step -> lr from get_lr(step).
 The STS-B dev Spearman of BERT_T's sentence vector is measured at step 0, every --eval-every steps and at the last
 step; the best weights are what we save.
+
+Several processes (`torchrun --nproc_per_node N train.py ...`, one per GPU, or gloo ranks on a CPU): data parallel,
+--batch-size stays the global batch b, each process encodes b / N of its sentences and the contrast runs against
+the views of the whole global batch (gather()), so N processes run the same experiment as one. Rank 0 evaluates,
+logs and writes the checkpoint.
 """
 import os
 import signal
@@ -31,12 +36,15 @@ import json
 import math
 import subprocess
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Callable
 
 import torch
+import torch.distributed as dist
+import torch.distributed.nn.functional as dist_nn
 
 import bert
 import data
@@ -124,6 +132,8 @@ def get_args(argv=None):
       "tasks with --eval-all) and exit, reproducing the paper's untrained [CLS] baseline")
     a("--seed", type=int, default=1, help="seed for the head init, the shuffle, layer sampling and dropout")
     a("--device", default="auto", choices=["auto", "cpu", "cuda"], help="auto: cuda when available")
+    a("--precision", choices=["fp32", "bf16"], help="bf16: autocast of the encoders and the head (the similarity, "
+      "softmax, loss and regulariser stay fp32); default bf16 on CUDA, fp32 on CPU. The official code ran fp32")
     a("--log-every", type=int, default=10, help="one log line every N steps")
     a("--overfit-batch", action="store_true", help="sanity check: train on the first batch over and over (loss must fall)")
     a("--eval-batch-size", type=int, default=128, help="batch size of the dev-set encoding")
@@ -255,22 +265,52 @@ def sync(device):
 def main(argv=None):
     args = get_args(argv)
     check_args(args)
-    device = torch.device("cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available()) else "cpu")
-    print(f"sgbert {git_sha()} | device {device} | " + " ".join(f"{k}={v}" for k, v in vars(args).items()))
-    run = setup(args, device)
+    rank, world, device = init_distributed(args)
+    args.precision = args.precision or ("bf16" if device.type == "cuda" else "fp32")
+    print(f"sgbert {git_sha()} | device {device}" + (f" x {world} processes" if world > 1 else "") + " | "
+          + " ".join(f"{k}={v}" for k, v in vars(args).items()))
+    run = setup(args, device, rank, world)
     if args.eval_only:
         return final_report(args, run.bert_F, run.tokenizer, run.data_dir, None, device)
     with contextlib.ExitStack() as held:
-        try:
-            held.enter_context(bert.output_lock(args.out))  # one run per --out: a second one refuses in one line
-        except bert.OutputLocked as e:
-            die(str(e))
-        keeper = Keeper(args, run)
+        keeper = None
+        if rank == 0:  # only rank 0 writes --out
+            try:
+                held.enter_context(bert.output_lock(args.out))  # one run per --out: a second one refuses in one line
+            except bert.OutputLocked as e:
+                die(str(e))
+            keeper = Keeper(args, run)
         stop, stats = train_loop(args, run, keeper)
-        return finish(args, run, keeper, stop, stats)
+        if world > 1:
+            dist.destroy_process_group()
+        return finish(args, run, keeper, stop, stats) if rank == 0 else None
 
 
-def setup(args, device):
+def init_distributed(args):
+    """-> (rank, world size, device). Under torchrun (WORLD_SIZE, RANK and LOCAL_RANK set): one process per device,
+    NCCL on CUDA, gloo on CPU; only rank 0 prints. Otherwise one process: (0, 1, the --device)."""
+    cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+    world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
+    if world == 1:
+        return 0, 1, torch.device("cuda" if cuda else "cpu")
+    if args.batch_size % world:
+        die(f"--batch-size {args.batch_size} does not divide over {world} processes: it is the global batch, "
+            f"split evenly (use a multiple of {world})")
+    if args.eval_only:
+        die("--eval-only runs in one process: run it with python, not torchrun")
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if cuda else torch.device("cpu")
+    if cuda and device.index >= torch.cuda.device_count():
+        die(f"process {rank} wants GPU {device.index} but {torch.cuda.device_count()} are visible: --nproc_per_node "
+            f"at most the number of GPUs (or --device cpu)")
+    if cuda:
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if cuda else "gloo")
+    if rank:
+        sys.stdout = open(os.devnull, "w")  # one log: rank 0's (errors still reach stderr from every rank)
+    return rank, world, device
+
+
+def setup(args, device, rank=0, world=1):
     """Load everything up front (bad input fails before any work) and build BERT_F, BERT_T, the head, the optimizer."""
     try:
         bert_F = bert.Bert.from_pretrained(args.model)
@@ -297,34 +337,48 @@ def setup(args, device):
     head = ("none" if args.no_proj else method.head)
     head = {"proj": lambda: sg_loss.ProjectionHead(H, args.proj_size), "none": torch.nn.Identity,
             "mlp": lambda: torch.nn.Sequential(torch.nn.Linear(H, H), torch.nn.Tanh())}[head]().to(device)
+    torch.manual_seed(args.seed + rank)  # dropout: each process its own masks (rank 0 = one process's stream)
+    T, f = bert_T, head  # what the step calls: DDP wrappers of BERT_T and f on several processes (never of BERT_F)
+    if world > 1:
+        ids = [device.index] if device.type == "cuda" else None
+        DDP = torch.nn.parallel.DistributedDataParallel  # rank 0's weights are broadcast to every process here
+        T = DDP(bert_T, device_ids=ids)
+        if any(p.requires_grad for p in head.parameters()):
+            f = DDP(head, device_ids=ids)
     # eps: transformers.AdamW's default; fused: one kernel over all parameters (about 5x faster than the loop on CPU)
     optimizer = torch.optim.AdamW(param_groups([bert_T, head], args.weight_decay), lr=args.lr, betas=(0.9, 0.9),
                                   eps=1e-6, fused=True)
-    n_batches = len(examples) // args.batch_size + (len(examples) % args.batch_size >= 2)  # a last batch of 1 has no negatives
+    last = len(examples) % args.batch_size
+    n_batches = len(examples) // args.batch_size + (last - last % world >= max(2, world))  # see batches()
     total = args.max_steps or args.epochs * n_batches
     print(f"{len(examples)} {'pairs' if isinstance(examples[0], tuple) else 'sentences'} | {total} steps of "
           f"{args.batch_size} | loss {args.loss} tau {args.tau} | side 2: {method.side2}"
           + (f" views of hidden states {layers[0]}..{layers[-1]} ({len(layers)}), lam {args.lam}" if method.side2 == "BERT_F"
              else f" | aug1 {args.aug1} aug2 {args.aug2}"))
     return SimpleNamespace(
-        method=method, bert_F=bert_F, bert_T=bert_T, head=head, optimizer=optimizer, tokenizer=tokenizer,
-        data_dir=data_dir, examples=examples, layers=layers, total=total, device=device,
+        method=method, bert_F=bert_F, bert_T=bert_T, head=head, T=T, f=f, optimizer=optimizer, tokenizer=tokenizer,
+        data_dir=data_dir, examples=examples, layers=layers, total=total, device=device, rank=rank, world=world,
         trainable=[p for g in optimizer.param_groups for p in g["params"]],
-        gen=torch.Generator().manual_seed(args.seed),  # the shuffle, layer sampling and augmentations
-        autocast=torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda"),
+        gen=torch.Generator().manual_seed(args.seed),  # the shuffle and layer sampling: the same on every process
+        aug_gen=torch.Generator().manual_seed(args.seed + rank),  # augmentations of this process's sentences
+        autocast=torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.precision == "bf16"),
         aug1=views.parse(args.aug1), aug2=views.parse(args.aug2),
         meta={"tokenizer": tokenizer.to_str(), "base_model": str(args.model), "args": vars(args), "git": git_sha(),
               "pooling": args.eval_pooling, "method": args.loss})
 
 
 def batches(args, run):
-    """Endless shuffled epochs of (side-1 sentences, side-2 sentences or None: the same); the step count decides
-    when to stop."""
+    """Endless shuffled epochs of (side-1 sentences, side-2 sentences or None: the same): this process's share of
+    each global batch; the step count decides when to stop. Every process draws the same order. A short last batch
+    is cut to a multiple of the number of processes, and skipped below 2 sentences (no negatives)."""
     while True:
         perm = torch.randperm(len(run.examples), generator=run.gen).tolist()
         for s in range(0, len(perm), args.batch_size):
-            if len(idx := perm[s:s + args.batch_size]) >= 2:
-                ex = [run.examples[i] for i in idx]
+            idx = perm[s:s + args.batch_size]
+            idx = idx[:len(idx) - len(idx) % run.world]
+            if len(idx) >= max(2, run.world):
+                share = len(idx) // run.world
+                ex = [run.examples[i] for i in idx[run.rank * share:(run.rank + 1) * share]]
                 yield ([e[0] for e in ex], [e[1] for e in ex]) if isinstance(ex[0], tuple) else (ex, None)
 
 
@@ -332,7 +386,8 @@ def sides(args, run, x1, x2):
     """The two sides of the contrast, through the head, in fp32: z1 (b, p) and z2 ((b, L, p) for BERT_F's views,
     else (b, p)). Also the time BERT_F took (no graph, no backward: timed apart)."""
     def encode(model, ids, mask, aug):
-        return model(ids, mask, position_ids=aug.position_ids(mask, run.gen), embedding_fn=aug.embedding_fn(mask, run.gen))
+        return model(ids, mask, position_ids=aug.position_ids(mask, run.aug_gen),
+                     embedding_fn=aug.embedding_fn(mask, run.aug_gen))
 
     t0 = time.perf_counter()
     if run.method.side2 == "BERT_F":  # views h_ik: every selected hidden state of BERT_F, pooled over all tokens
@@ -340,12 +395,12 @@ def sides(args, run, x1, x2):
             h = layer_views(lambda i, m: encode(run.bert_F, i, m, run.aug2), *x2, run.layers, args.view_pooling)  # (b, L, H)
     sync(run.device); t_F = time.perf_counter() - t0
     with run.autocast:
-        c = bert.pool(encode(run.bert_T, *x1, run.aug1), x1[1], args.pooling)  # sentence vectors c_i (b, H)
+        c = bert.pool(encode(run.T, *x1, run.aug1), x1[1], args.pooling)  # sentence vectors c_i (b, H)
         if run.method.side2 == "BERT_F":
-            z1, z2 = project(run.head, c, h)  # one shared head f maps c and h
+            z1, z2 = project(run.f, c, h)  # one shared head f maps c and h
         else:  # a second pass of BERT_T: other augmentation, other dropout mask
-            c2 = bert.pool(encode(run.bert_T, *x2, run.aug2), x2[1], args.pooling)
-            z = run.head(torch.cat([c, c2]))
+            c2 = bert.pool(encode(run.T, *x2, run.aug2), x2[1], args.pooling)
+            z = run.f(torch.cat([c, c2]))
             z1, z2 = z[:len(c)].float(), z[len(c):].float()
     return z1, z2, t_F
 
@@ -355,16 +410,29 @@ def train_step(args, run, step, x1, x2):
     sync(run.device); t0 = time.perf_counter()
     z1, z2, t_F = sides(args, run, x1, x2)
     t1 = time.perf_counter()
-    if run.method.one_view:  # one view per sentence, its layer sampled uniformly
+    rows = None  # one process: every sentence is an anchor
+    if run.world > 1:
+        # Anchors are this process's rows, negatives the whole global batch: z1 and z2 of every process, gathered
+        # in rank order (sentence rank * b_local + i). Both carry a gradient, so both go through the autograd
+        # all_gather, whose backward returns each process the gradient of its rows from every process's loss:
+        # z1 = f(c) comes from BERT_T; z2 = f(h) comes from BERT_F's views without gradient, but the head f is
+        # trained (with --no-proj z2 = h has none, and the plain all_gather is used); for ConSERT / SimCSE z2 is a
+        # second pass of BERT_T. SG-OPT and OPT2 read only their own rows of z1 (the c_j are not negatives): the
+        # cost of gathering it anyway is b x p floats, 1/L of the views'. The head runs before the gather, on this
+        # process's rows only: nothing is computed twice, and the gather moves b(L+1) rows of p floats each way.
+        z1, z2 = gather(z1), gather(z2)
+        share = len(z1) // run.world
+        rows = slice(run.rank * share, (run.rank + 1) * share)
+    if run.method.one_view:  # one view per sentence, its layer sampled uniformly (the same draws on every process)
         k = torch.randint(z2.shape[1], (z2.shape[0],), generator=run.gen).to(run.device)
         z2 = z2[torch.arange(z2.shape[0], device=run.device), k]
-    loss = run.method.loss(z1, z2, args.tau)
+    loss = run.method.loss(z1, z2, args.tau, rows=rows)  # the mean over this process's anchors
     sync(run.device); t2 = time.perf_counter()
     run.optimizer.zero_grad(set_to_none=True)
     loss.backward()
     sync(run.device); t3 = time.perf_counter()
     reg = torch.zeros(())
-    if run.method.side2 == "BERT_F":
+    if run.method.side2 == "BERT_F":  # after DDP's all-reduce of the loss gradient: added once, on every process
         # L^reg = lam * ||BERT_T - BERT_F||^2 enters as its gradient 2 lam (theta_T - theta_F): same update as
         # backpropagating it, without an autograd graph over every weight (tests/test_sg_loss.py proves it)
         reg = sg_loss.add_weight_distance_grad_(run.bert_T, run.bert_F, args.lam)
@@ -379,6 +447,28 @@ def train_step(args, run, step, x1, x2):
     return loss, reg, norm, lr, times
 
 
+def gather(x):
+    """x (b_local, ...) of every process, concatenated in rank order -> (b, ...). Autograd-aware when x carries a
+    gradient (torch.distributed.nn.functional.all_gather: its backward sums, over every process's loss, the
+    gradient of each process's own rows); the plain all_gather otherwise."""
+    if x.requires_grad:
+        with warnings.catch_warnings():  # torch 2.13 marks it deprecated for a private successor: keep the public one
+            warnings.simplefilter("ignore", FutureWarning)
+            return torch.cat(dist_nn.all_gather(x))
+    parts = [torch.empty_like(x) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, x.contiguous())
+    return torch.cat(parts)
+
+
+def agree(run, flag):
+    """Rank 0's decision (early stop, a failed evaluation), on every process: they stop together."""
+    if run.world == 1:
+        return flag
+    t = torch.tensor([float(flag)], device=run.device)
+    dist.broadcast(t, 0)
+    return bool(t.item())
+
+
 PHASES = ("BERT_F fwd", "BERT_T fwd+bwd", "loss", "reg", "optim")
 
 
@@ -391,10 +481,7 @@ def train_loop(args, run, keeper):
         data_iter = itertools.repeat(next(data_iter))
     stop, step = None, 0
     try:
-        dev = dev_score(args, run)
-        keeper.offer(0, dev)
-        stats["scores"].append(dev)
-        print(f"eval step 0 | STS-B dev {dev:.2f}")
+        evaluation(args, run, keeper, stats, 0)
         t_log = time.time()
         while step < run.total:
             x1, x2 = next(data_iter)
@@ -405,6 +492,9 @@ def train_loop(args, run, keeper):
                 stats["phase"][key] += dt
             step = stats["step"] = step + 1
             if step % args.log_every == 0 or step == run.total:
+                if run.world > 1:  # the global batch's loss: the mean over the processes' anchors
+                    dist.all_reduce(loss := loss.detach().clone())
+                    loss /= run.world
                 loss_v = loss.item()  # note: a CPU-GPU sync point, only at log time
                 stats["history"].append((step, loss_v))
                 if not math.isfinite(loss_v):
@@ -415,18 +505,30 @@ def train_loop(args, run, keeper):
                 print(f"step {step}/{run.total} | loss {loss_v:.4f} | reg {reg.item():.2e} | norm {norm.item():.2f} "
                       f"| lr {lr:.2e} | {1000 * dt:.0f} ms/step | {args.batch_size / dt:.0f} sent/s | ETA {eta / 60:.1f} min")
             if step % args.eval_every == 0 or step == run.total:
-                dev = dev_score(args, run)
-                keeper.offer(step, dev)
-                stats["scores"].append(dev)
-                print(f"eval step {step} | STS-B dev {dev:.2f} | best {keeper.best['dev']:.2f} (step {keeper.best['step']})")
+                stop = evaluation(args, run, keeper, stats, step)
                 t_log = time.time()  # the next log line times training steps, not this evaluation
-                if early_stop(stats["scores"], args.early_stop, args.patience):
-                    stop = f"early stop ({args.early_stop} rule, patience {args.patience})"
+                if stop:
                     break
     except KeyboardInterrupt:
-        print(f"train.py: interrupted at step {step}; {keeper.kept()}", file=sys.stderr)
+        if keeper:
+            print(f"train.py: interrupted at step {step}; {keeper.kept()}", file=sys.stderr)
         sys.exit(130)
     return stop, stats
+
+
+def evaluation(args, run, keeper, stats, step):
+    """Rank 0: the dev score, the best checkpoint, the early-stop rule. Every process: stop now? (rank 0 decides;
+    the others wait for it here)."""
+    stop = None
+    if run.rank == 0:
+        dev = dev_score(args, run)
+        keeper.offer(step, dev)
+        stats["scores"].append(dev)
+        print(f"eval step {step} | STS-B dev {dev:.2f}"
+              + (f" | best {keeper.best['dev']:.2f} (step {keeper.best['step']})" if step else ""))
+        if early_stop(stats["scores"], args.early_stop, args.patience):
+            stop = f"early stop ({args.early_stop} rule, patience {args.patience})"
+    return (stop or "early stop (rank 0)") if agree(run, stop is not None) else None
 
 
 def dev_score(args, run):
