@@ -16,6 +16,9 @@ and is skipped. Shared rules, so that ratios mean something:
   encoder  bert.Bert vs transformers.BertModel (sdpa), forward, all-MiniLM-L6-v2, 64 x 32 and 16 x 128 tokens
   step     one SG-OPT training step as train.py runs it vs the same step from transformers.BertModel with the
            official formulation of the loss and of the regulariser (a Python loop of per-parameter norms)
+           and the step's achieved GFLOP/s against this machine's measured GEMM rate in the same precision
+  precision our step in bf16 autocast vs fp32 on the same device, and each against the fp32 reference step
+  ddp      train.py itself: 1 process vs torchrun with 2 gloo processes on this CPU, the same global batch
   memory   peak memory of a few of those steps, ours vs the reference
   sts      the 7-task STS encoding: length-sorted batches (bert.encode) vs unsorted batch-16 batches in input order,
            as SentEval's batcher receives them; and evaluate.py's way (each distinct sentence once, length-sorted)
@@ -307,12 +310,13 @@ def step_batches(path, data_dir, batch_size, n_batches=16, seed=0, device="cpu")
 
 
 def make_step_run(impl, path, data_dir=None, batch_size=16, steps=1, device="cpu", dropout=True, proj_size=4096,
-                  seed=0, tau=0.01, lam=0.1, lr=5e-5):
+                  seed=0, tau=0.01, lam=0.1, lr=5e-5, precision=None):
     """A closure that runs `steps` SG-OPT training steps on the next fixed batches and returns the last
     (loss, lam * L^reg), detached. impl "sgbert": train.py's step on bert.Bert; "reference": the same step built
     from transformers.BertModel with the official formulation of the loss and of the regulariser. Both start from
     the same weights, the same head and the same batches, so they compute the same numbers (dropout=False makes
-    them deterministic)."""
+    them deterministic). precision: "fp32" or "bf16" (autocast of the encoders and the head, as train.py's
+    --precision); default as train.py: bf16 on CUDA, fp32 on CPU."""
     import train  # the one import from the floor above: the step is built from train.py's own pieces
     device = torch.device(device)
     batches = itertools.cycle(step_batches(path, data_dir, batch_size, device=device))
@@ -331,7 +335,8 @@ def make_step_run(impl, path, data_dir=None, batch_size=16, steps=1, device="cpu
     optimizer = torch.optim.AdamW(train.param_groups([bert_T, head], 0.01), lr=lr, betas=(0.9, 0.9), eps=1e-6,
                                   fused=True if impl == "sgbert" else None)
     trainable = [p for g in optimizer.param_groups for p in g["params"]]
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda")  # as train.py
+    precision = precision or ("bf16" if device.type == "cuda" else "fp32")
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")  # as train.py
     # (the lr schedule, train.get_lr, is left out: a few float assignments per step)
 
     def step_ours(ids, mask):  # train.py's loop body, loss "opt", all views, mean-pooled
@@ -409,14 +414,93 @@ def bench_step(results, args):
     runs = {impl: make_step_run(impl, **kw) for impl in STEP_IMPLS}
     ms = {k: 1e3 * s for k, s in time_alternating(runs, repeats=args.repeats, sync=cuda_sync(device)).items()}
     speedup = ms["reference"] / ms["sgbert"]
+    precision = "bf16" if device.type == "cuda" else "fp32"
     sents = "STS-B sentences" if data_dir else "synthetic sentences (no data folder)"
-    print(f"  batch 16 {sents}, all-MiniLM-L6-v2, 7 views, head 384 -> 4096, {device}"
-          f"{' bf16 autocast' if device.type == 'cuda' else ' fp32'}, dropout on, median of {args.repeats} alternating "
-          f"steps; first two steps without dropout agree: losses {got['sgbert'][0][0]:.5f} / "
-          f"{got['reference'][0][0]:.5f}, {got['sgbert'][1][0]:.5f} / {got['reference'][1][0]:.5f}")
-    print(f"  sgbert {ms['sgbert']:8.1f} ms   reference {ms['reference']:8.1f} ms   speedup {verdict(speedup, 1.5)}")
-    results["step"] = dict(batch=16, device=str(device), sentences="stsb" if data_dir else "synthetic", ms=ms,
-                           speedup=speedup, check_losses=got)
+    print(f"  batch 16 {sents}, all-MiniLM-L6-v2, 7 views, head 384 -> 4096, {device} {precision}, dropout on, "
+          f"median of {args.repeats} alternating steps; first two steps without dropout agree: losses "
+          f"{got['sgbert'][0][0]:.5f} / {got['reference'][0][0]:.5f}, {got['sgbert'][1][0]:.5f} / {got['reference'][1][0]:.5f}")
+    print(f"  sgbert {ms['sgbert']:8.1f} ms   reference {ms['reference']:8.1f} ms   speedup {verdict(speedup, 1.8)}")
+    flops = {impl: step_flops(runs[impl]) for impl in STEP_IMPLS}
+    gemm = gemm_rate(device, precision)
+    print(f"  work per step (torch.utils.flop_counter): sgbert {flops['sgbert'] / 1e9:.1f} GFLOP, reference "
+          f"{flops['reference'] / 1e9:.1f} GFLOP (ours skips the padding rows); this machine's {precision} GEMM "
+          f"(torch.matmul 2048^3): {gemm:.0f} GFLOP/s")
+    for impl in STEP_IMPLS:
+        rate = flops[impl] / ms[impl] / 1e6
+        print(f"  {impl:9s} {rate:6.1f} GFLOP/s achieved = {100 * rate / gemm:4.1f}% of the GEMM rate")
+    results["step"] = dict(batch=16, device=str(device), precision=precision, ms=ms, speedup=speedup,
+                           sentences="stsb" if data_dir else "synthetic", check_losses=got, gflop=
+                           {k: v / 1e9 for k, v in flops.items()}, gemm_gflops=gemm)
+
+
+def step_flops(run):
+    """Floating-point operations of one call of run() (one training step), counted by torch's FlopCounterMode."""
+    from torch.utils.flop_counter import FlopCounterMode
+    counter = FlopCounterMode(display=False)
+    with counter:
+        run()
+    return counter.get_total_flops()
+
+
+def gemm_rate(device, precision, n=2048, repeats=5):
+    """GFLOP/s of one n x n x n torch.matmul in the precision on the device: the machine's practical ceiling."""
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    if precision == "bf16" and device.type == "cpu":
+        n = 512  # no native bf16 GEMM on many CPUs: a 2048^3 product can take minutes there
+    a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
+    sec = time_alternating({"mm": lambda: a @ b}, repeats=repeats, sync=cuda_sync(device))["mm"]
+    return 2 * n ** 3 / sec / 1e9
+
+
+def bench_precision(results, args):
+    """SG-OPT step in bf16 autocast vs fp32 on the same device, and each against the fp32 reference step."""
+    path, data_dir, why = step_setting(args)
+    if why:
+        return skip(results, "precision", why)
+    device = get_device(args)
+    kw = dict(path=path, data_dir=data_dir, batch_size=16, device=str(device))
+    runs = {"fp32": make_step_run("sgbert", precision="fp32", **kw),
+            "bf16": make_step_run("sgbert", precision="bf16", **kw),
+            "reference fp32": make_step_run("reference", precision="fp32", **kw)}
+    repeats = args.repeats if device.type == "cuda" else min(args.repeats, 3)
+    ms = {k: 1e3 * s for k, s in time_alternating(runs, repeats=repeats, sync=cuda_sync(device)).items()}
+    rates = {p: gemm_rate(device, p) for p in ("fp32", "bf16")}
+    print(f"  batch 16, all-MiniLM-L6-v2, {device}, median of {repeats}: fp32 {ms['fp32']:.1f} ms   bf16 "
+          f"{ms['bf16']:.1f} ms   bf16 speed-up x{ms['fp32'] / ms['bf16']:.2f}; vs the fp32 reference "
+          f"({ms['reference fp32']:.1f} ms): fp32 x{ms['reference fp32'] / ms['fp32']:.2f}, bf16 "
+          f"{verdict(ms['reference fp32'] / ms['bf16'], 3)}")
+    print(f"  this machine's GEMM rate: fp32 {rates['fp32']:.0f} GFLOP/s, bf16 {rates['bf16']:.0f} GFLOP/s"
+          + ("  (no native bf16 matrix unit on this CPU: bf16 is emulated)"
+             if device.type == "cpu" and rates["bf16"] < rates["fp32"] else ""))
+    results["precision"] = dict(device=str(device), ms=ms, gemm_gflops=rates)
+
+
+def bench_ddp(results, args):
+    """train.py itself for --ddp-steps SG-OPT steps of the same global batch 16: one process (all threads) vs
+    torchrun with 2 gloo processes (one thread each), ms/step from each run's JSON (training steps only)."""
+    path, data_dir, why = step_setting(args)
+    if why or not data_dir:
+        return skip(results, "ddp", why or "the data folder is needed (train.py trains on STS-B)")
+    import tempfile
+    threads = torch.get_num_threads()
+    ms = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, launcher, env in [
+                ("1 process", [sys.executable], {"OMP_NUM_THREADS": str(threads)}),
+                ("2 gloo processes", [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                      "--nproc_per_node", "2"], {"OMP_NUM_THREADS": str(max(1, threads // 2))})]:
+            out = Path(tmp) / "r.json"
+            cmd = [*launcher, str(Path(__file__).with_name("train.py")), "--model", path, "--data-dir", data_dir,
+                   "--device", "cpu", "--max-steps", str(args.ddp_steps), "--eval-every", str(10 ** 6),
+                   "--out", str(Path(tmp) / "r.safetensors"), "--overwrite", "--json", str(out)]
+            p = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **env})
+            assert p.returncode == 0, f"ddp: {name} failed:\n{p.stdout[-1500:]}{p.stderr[-1500:]}"
+            ms[name] = sum(json.loads(out.read_text())["ms_per_step"].values())
+    speedup = ms["1 process"] / ms["2 gloo processes"]
+    print(f"  train.py, all-MiniLM-L6-v2, global batch 16, {args.ddp_steps} steps, CPU ({threads} threads): 1 process "
+          f"{ms['1 process']:.1f} ms/step   2 gloo processes (torchrun, {max(1, threads // 2)} thread each) "
+          f"{ms['2 gloo processes']:.1f} ms/step   speed-up x{speedup:.2f}")
+    results["ddp"] = dict(steps=args.ddp_steps, threads=threads, ms_per_step=ms, speedup=speedup)
 
 # -----------------------------------------------------------------------------
 # memory: peak memory of N training steps, ours vs the reference
@@ -621,8 +705,8 @@ def bench_transfer(results, args):
 # -----------------------------------------------------------------------------
 
 CASES = {"loss": make_loss_run, "step": make_step_run}  # factories of a zero-argument run, for peak_rss_mb's child
-SECTIONS = {"loss": bench_loss, "encoder": bench_encoder, "step": bench_step, "memory": bench_memory, "sts": bench_sts,
-            "transfer": bench_transfer}
+SECTIONS = {"loss": bench_loss, "encoder": bench_encoder, "step": bench_step, "precision": bench_precision,
+            "ddp": bench_ddp, "memory": bench_memory, "sts": bench_sts, "transfer": bench_transfer}
 
 
 def main():
@@ -634,6 +718,7 @@ def main():
                     help="device of the encoder, step and sts sections (auto: cuda when available); loss is CPU only")
     ap.add_argument("--data-dir", default=None, help="data folder (default $SG_DATA, else ./data); without one, step "
                     "uses synthetic sentences and sts is skipped")
+    ap.add_argument("--ddp-steps", type=int, default=20, help="ddp: training steps per run")
     ap.add_argument("--sts-batch", type=int, default=64, help="batch size of the length-sorted side of sts")
     ap.add_argument("--transfer-tasks", default=",".join(data.TRANSFER), help="transfer: comma-separated tasks")
     ap.add_argument("--transfer-config", default="paper", choices=["paper", "simcse"],

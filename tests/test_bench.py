@@ -35,3 +35,15 @@ def test_reference_step_matches_ours(tiny_folder):
     assert len({round(loss, 3) for loss, _ in ours}) == 4  # the weights move between steps
     for step, (a, b) in enumerate(zip(ours, ref)):
         assert a == pytest.approx(b, rel=1e-4, abs=1e-9), f"step {step}: (loss, lam * L^reg) ours {a} vs reference {b}"
+
+
+def test_step_flops_and_bf16_step(tiny_folder):
+    """The step's counted work is positive and ours skips the padding (no more work than the reference); the bf16
+    autocast step (train.py --precision bf16) computes nearly the fp32 numbers."""
+    pytest.importorskip("transformers", reason="the reference step is built from transformers.BertModel")
+    kw = dict(path=tiny_folder, batch_size=4, proj_size=16, dropout=False)
+    ours, ref = (bench.step_flops(bench.make_step_run(impl, **kw)) for impl in bench.STEP_IMPLS)
+    assert 0 < ours <= ref
+    fp32, bf16 = (bench.make_step_run("sgbert", precision=p, **kw)()[0].item() for p in ("fp32", "bf16"))
+    assert fp32 != bf16 and abs(fp32 - bf16) <= 2e-2 * max(1.0, abs(fp32))
+    assert bench.gemm_rate(torch.device("cpu"), "fp32", n=64, repeats=1) > 0
