@@ -76,7 +76,7 @@ EXPERIMENTS = {
         Variant("sg-opt", []),
         Variant("view-max", ["--view-pooling", "max"]),
         Variant("teacher-dropout-off", ["--teacher-dropout", "off"]),
-        Variant("layers-1:", ["--layers", "1:"]),
+        Variant("no-layer-0", ["--layers", "1:"]),  # views from layers 1..l only
     ], "sg-opt is the official code's choice: mean-pooled views, BERT_F in train mode (dropout on), all hidden states "
        "0..l. The paper states max pooling."),
     "domain": Experiment("Figure 4: trained on other text than STS-B", [
@@ -85,6 +85,11 @@ EXPERIMENTS = {
     ], "transfer-text: as many sentences as STS-B's 17,256, drawn (fixed seed) from the SentEval transfer tasks MR, "
        "CR, SUBJ and MPQA (movie and product reviews, opinion snippets). The paper used NLI, not in our data folder, "
        "and reports the drop from the STS-B-trained run.", baseline="sg-opt"),
+    "precision": Experiment("bf16 autocast vs fp32 (the official code's precision)", [
+        Variant("sg-opt", []),
+        Variant("bf16", ["--precision", "bf16"]),
+    ], "bf16: autocast of BERT_F, BERT_T and the head; the similarity, softmax, loss, regulariser and the evaluation "
+       "stay fp32. Read the bf16 row against the fp32 row's seed spread.", baseline="sg-opt"),
     "methods": Experiment("SG-OPT, ConSERT and SimCSE on one harness: same data, seeds and evaluator", [
         Variant("sg-opt", [], {"BERT-base": "74.62 +- 0.25"}),
         Variant("consert", ["--loss", "consert"], {"BERT-base": "72.74"}),
