@@ -86,10 +86,10 @@ EXPERIMENTS = {
        "CR, SUBJ and MPQA (movie and product reviews, opinion snippets). The paper used NLI, not in our data folder, "
        "and reports the drop from the STS-B-trained run.", baseline="sg-opt"),
     "precision": Experiment("bf16 autocast vs fp32 (the official code's precision)", [
-        Variant("sg-opt", []),
+        Variant("fp32", ["--precision", "fp32"]),  # named: train.py's default is bf16 on CUDA
         Variant("bf16", ["--precision", "bf16"]),
     ], "bf16: autocast of BERT_F, BERT_T and the head; the similarity, softmax, loss, regulariser and the evaluation "
-       "stay fp32. Read the bf16 row against the fp32 row's seed spread.", baseline="sg-opt"),
+       "stay fp32. Read the bf16 row against the fp32 row's seed spread.", baseline="fp32"),
     "methods": Experiment("SG-OPT, ConSERT and SimCSE on one harness: same data, seeds and evaluator", [
         Variant("sg-opt", [], {"BERT-base": "74.62 +- 0.25"}),
         Variant("consert", ["--loss", "consert"], {"BERT-base": "72.74"}),
