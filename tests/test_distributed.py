@@ -127,3 +127,16 @@ def test_bf16_on_cpu_trains_close_to_fp32(world):
     assert bert.read_metadata(world["out"])["args"]["precision"] == "bf16"
     assert abs(bf16["losses"][0][1] - fp32[0][1]) <= 2e-2, (bf16["losses"][0], fp32[0])
     assert bf16["losses"] != fp32  # autocast was on
+
+
+def test_more_processes_than_gpus_is_refused(world, monkeypatch, capsys):
+    """The CUDA branch of init_distributed on a CPU machine (CUDA faked as present with 1 GPU): rank 1 wants GPU 1."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    for k, v in dict(WORLD_SIZE="2", RANK="1", LOCAL_RANK="1").items():
+        monkeypatch.setenv(k, v)
+    with pytest.raises(SystemExit) as e:
+        train.main(argv(world, world["tmp"] / "g.safetensors", "--batch-size", "4", "--device", "cuda"))
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1, err
+    assert "process 1 wants GPU 1 but 1 are visible" in err and "--nproc_per_node" in err
