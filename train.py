@@ -282,6 +282,10 @@ def main(argv=None):
             keeper = Keeper(args, run)
         stop, stats = train_loop(args, run, keeper)
         if world > 1:
+            # Every rank waits here with the GIL released, so gloo's worker threads can finish dropping the last
+            # collectives' tensors (which takes the GIL) before the process group is destroyed: its destructor
+            # joins those threads while holding the GIL, and a rank that got there first could hang at exit (!!)
+            dist.barrier()
             dist.destroy_process_group()
         return finish(args, run, keeper, stop, stats) if rank == 0 else None
 

@@ -41,7 +41,7 @@ def launch(world, out, flags, n=2):
     try:
         stdout, stderr = p.communicate(timeout=240)
     except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)
+        kill_tree(p.pid)  # torchrun and its ranks (which hold the pipes open)
         stdout, stderr = p.communicate()
         pytest.fail(f"torchrun did not finish in 240 s\n--- stdout\n{stdout}\n--- stderr\n{stderr}")
     return p.returncode, stdout, stderr
@@ -89,6 +89,19 @@ def children(pid):
     return kids
 
 
+def kill_tree(pid):
+    """SIGKILL pid and every process below it (torchrun starts its ranks in sessions of their own)."""
+    tree, i = [pid], 0
+    while i < len(tree):
+        tree += children(tree[i])
+        i += 1
+    for p in tree:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 def test_killing_one_rank_ends_the_run_without_a_broken_checkpoint(world):
     """Under torchrun: rank 1 is killed mid-run; torchrun stops rank 0; --out is absent or a whole checkpoint."""
     out = world["tmp"] / "k.safetensors"
@@ -110,7 +123,7 @@ def test_killing_one_rank_ends_the_run_without_a_broken_checkpoint(world):
         assert p.wait(timeout=120) != 0
     finally:
         if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
+            kill_tree(p.pid)
     for pid in ranks.values():  # no orphan left running
         assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z"
     if out.exists():
