@@ -745,7 +745,7 @@ def bench_transfer(results, args):
     except data.DataError as e:
         return skip(results, "transfer", f"no data folder ({e})")
     tasks = [t for t in args.transfer_tasks.split(",") if t]
-    assert all(t in data.TRANSFER for t in tasks), f"--transfer-tasks: choose from {','.join(data.TRANSFER)}"
+    assert tasks and all(t in data.TRANSFER for t in tasks), f"--transfer-tasks: choose from {','.join(data.TRANSFER)}"
     nhid = evaluate.TRANSFER_CONFIGS[args.transfer_config]
     model = bert.Bert.from_pretrained(path).to(get_device(args))
     tok = bert.load_tokenizer(path)
@@ -773,19 +773,28 @@ def bench_transfer(results, args):
         diff = {k: ours[k] - float(ref[k]) for k in ("acc", "devacc", "f1") if k in ours}
         rows[name] = dict(seconds=sec, ratio=sec["senteval"] / sec["ours"], ours=ours,
                           senteval={k: float(ref[k]) for k in ours}, diff=diff)
+        done = list(rows)
+        avg = {side: float(np.mean([rows[n][side]["acc"] for n in done])) for side in ("ours", "senteval")}
+        results["transfer"] = dict(config=args.transfer_config, pooling=args.transfer_pooling, tasks=rows,
+                                   seconds=dict(secs), speedup=secs["senteval"] / secs["ours"], avg_acc=avg)
+        save(results, args)  # after every task: SentEval takes hours here, a killed run keeps the finished tasks
         print(f"  {name:5s} ours {sec['ours']:8.1f} s   SentEval {sec['senteval']:8.1f} s   x{rows[name]['ratio']:5.2f}"
               f"   acc {ours['acc']:6.2f} vs {float(ref['acc']):6.2f} ({diff['acc']:+.2f})   devacc "
               f"{ours['devacc']:6.2f} vs {float(ref['devacc']):6.2f} ({diff['devacc']:+.2f})"
               + (f"   f1 {ours['f1']:.2f} vs {float(ref['f1']):.2f} ({diff['f1']:+.2f})" if "f1" in ours else ""))
     ratio = secs["senteval"] / secs["ours"]
-    avg = {side: float(np.mean([rows[n][side]["acc"] for n in tasks])) for side in ("ours", "senteval")}
     print(f"  all {len(tasks)}: ours {secs['ours']:.1f} s   SentEval {secs['senteval']:.1f} s   {verdict(ratio, 3.0)}"
           f"   avg acc {avg['ours']:.2f} vs {avg['senteval']:.2f} ({avg['ours'] - avg['senteval']:+.2f}), max |acc "
           f"diff| {max(abs(r['diff']['acc']) for r in rows.values()):.2f}")
-    results["transfer"] = dict(config=args.transfer_config, pooling=args.transfer_pooling, tasks=rows, seconds=secs,
-                               speedup=ratio, avg_acc=avg)
 
 # -----------------------------------------------------------------------------
+
+def save(results, args):
+    """--json after every section (and transfer task), atomically: a killed bench keeps what it had finished."""
+    if args.json:
+        import train
+        train.write_json(args.json, results)
+
 
 CASES = {"loss": make_loss_run, "step": make_step_run}  # factories of a zero-argument run, for peak_rss_mb's child
 SECTIONS = {"loss": bench_loss, "encoder": bench_encoder, "step": bench_step, "precision": bench_precision,
@@ -835,9 +844,8 @@ def main():
     for name in names:
         print(f"== {name}")
         SECTIONS[name](results, args)
+        save(results, args)
     if args.json:
-        import train
-        train.write_json(args.json, results)  # atomic: a killed bench leaves the old file or the new one
         print(f"wrote {args.json}")
 
 

@@ -64,3 +64,46 @@ def test_epoch_section_runs_train_py_and_extrapolates(tiny_config, tmp_path, sha
     assert row["steps"] == 2 and row["evaluations"] == 2 and row["precision"] == "fp32"
     assert set(row["ms_per_step"]) == {"BERT_F fwd", "BERT_T fwd+bwd", "loss", "reg", "optim"}
     assert row["epoch_seconds_extrapolated"] > row["train_seconds"] > 0
+
+
+def test_transfer_section_keeps_finished_tasks(tiny_folder, tmp_path, monkeypatch, capsys):
+    """bench.py transfer writes --json after every task: a run stopped in its second task (SentEval takes hours on
+    one thread here) keeps the first task's row, its times and accuracies on both sides. SentEval and the classifiers
+    are stood in for; the vectors both sides get are one and the same lookup of the encoder's output."""
+    np = pytest.importorskip("numpy")
+    (tmp_path / "senteval" / "senteval").mkdir(parents=True)
+    (tmp_path / "senteval" / "senteval" / "engine.py").write_text("")
+    words = list(dict.fromkeys(bench.WORDS))
+    sents = [" ".join(words[i:i + 3]) for i in range(8)]
+    seen = {}
+
+    def ours(name, splits, vectors, nhid):
+        seen["ours"] = vectors(sents)
+        return {"acc": 80.0, "devacc": 81.0}
+
+    def senteval(name, data_dir, vectors, nhid):
+        if name == "CR":
+            raise KeyboardInterrupt  # stopped by hand in the second task
+        seen["senteval"] = vectors(sents)
+        return {"acc": 79.5, "devacc": 80.0, "ndev": 8, "ntest": 8}
+
+    monkeypatch.setattr(bench, "minilm_path", lambda: tiny_folder)
+    monkeypatch.setattr(bench, "missing", lambda *m: None)
+    monkeypatch.setattr(bench, "senteval_dir", lambda: tmp_path / "senteval")
+    monkeypatch.setattr(bench.data, "resolve_data_dir", lambda *a, **k: str(tmp_path))
+    monkeypatch.setattr(bench.data, "load_transfer", lambda name, d: {"all": (sents, np.array([0, 1] * 4))})
+    monkeypatch.setattr(bench.evaluate, "transfer_task", ours)
+    monkeypatch.setattr(bench, "run_senteval", senteval)
+    out = tmp_path / "bench.json"
+    monkeypatch.setattr("sys.argv", ["bench.py", "--only", "transfer", "--transfer-tasks", "MR,CR", "--device", "cpu",
+                                     "--json", str(out)])
+    with pytest.raises(KeyboardInterrupt):
+        bench.main()
+    row = json.loads(out.read_text())["transfer"]
+    assert list(row["tasks"]) == ["MR"] and row["config"] == "paper" and row["pooling"] == "cls"
+    mr = row["tasks"]["MR"]
+    assert mr["diff"]["acc"] == pytest.approx(0.5) and mr["senteval"] == {"acc": 79.5, "devacc": 80.0}
+    assert mr["ratio"] == pytest.approx(mr["seconds"]["senteval"] / mr["seconds"]["ours"])
+    assert row["seconds"] == mr["seconds"] and row["avg_acc"] == {"ours": 80.0, "senteval": 79.5}
+    assert np.array_equal(seen["ours"], seen["senteval"]) and seen["ours"].shape == (8, 32)
+    assert "MR    ours" in capsys.readouterr().out
