@@ -773,8 +773,7 @@ def bench_transfer(results, args):
         diff = {k: ours[k] - float(ref[k]) for k in ("acc", "devacc", "f1") if k in ours}
         rows[name] = dict(seconds=sec, ratio=sec["senteval"] / sec["ours"], ours=ours,
                           senteval={k: float(ref[k]) for k in ours}, diff=diff)
-        done = list(rows)
-        avg = {side: float(np.mean([rows[n][side]["acc"] for n in done])) for side in ("ours", "senteval")}
+        avg = {side: float(np.mean([r[side]["acc"] for r in rows.values()])) for side in ("ours", "senteval")}
         results["transfer"] = dict(config=args.transfer_config, pooling=args.transfer_pooling, tasks=rows,
                                    seconds=dict(secs), speedup=secs["senteval"] / secs["ours"], avg_acc=avg)
         save(results, args)  # after every task: SentEval takes hours here, a killed run keeps the finished tasks
@@ -782,8 +781,8 @@ def bench_transfer(results, args):
               f"   acc {ours['acc']:6.2f} vs {float(ref['acc']):6.2f} ({diff['acc']:+.2f})   devacc "
               f"{ours['devacc']:6.2f} vs {float(ref['devacc']):6.2f} ({diff['devacc']:+.2f})"
               + (f"   f1 {ours['f1']:.2f} vs {float(ref['f1']):.2f} ({diff['f1']:+.2f})" if "f1" in ours else ""))
-    ratio = secs["senteval"] / secs["ours"]
-    print(f"  all {len(tasks)}: ours {secs['ours']:.1f} s   SentEval {secs['senteval']:.1f} s   {verdict(ratio, 3.0)}"
+    print(f"  all {len(tasks)}: ours {secs['ours']:.1f} s   SentEval {secs['senteval']:.1f} s   "
+          f"{verdict(results['transfer']['speedup'], 3.0)}"
           f"   avg acc {avg['ours']:.2f} vs {avg['senteval']:.2f} ({avg['ours'] - avg['senteval']:+.2f}), max |acc "
           f"diff| {max(abs(r['diff']['acc']) for r in rows.values()):.2f}")
 

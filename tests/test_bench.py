@@ -2,6 +2,7 @@
 regulariser gives the same losses as train.py's step, on a tiny random BERT. No timing here."""
 import json
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import save_file
@@ -70,7 +71,6 @@ def test_transfer_section_keeps_finished_tasks(tiny_folder, tmp_path, monkeypatc
     """bench.py transfer writes --json after every task: a run stopped in its second task (SentEval takes hours on
     one thread here) keeps the first task's row, its times and accuracies on both sides. SentEval and the classifiers
     are stood in for; the vectors both sides get are one and the same lookup of the encoder's output."""
-    np = pytest.importorskip("numpy")
     (tmp_path / "senteval" / "senteval").mkdir(parents=True)
     (tmp_path / "senteval" / "senteval" / "engine.py").write_text("")
     words = list(dict.fromkeys(bench.WORDS))
