@@ -30,10 +30,14 @@ and is skipped. Shared rules, so that ratios mean something:
 Ratios are "reference time / our time": above 1 means ours is faster. Times are medians on this machine, not claims.
 """
 import argparse
+import contextlib
 import copy
+import dataclasses
 import gc
+import io
 import itertools
 import json
+import math
 import os
 import platform
 import re
@@ -49,9 +53,10 @@ import torch
 import torch.nn.functional as F
 
 import bert
+import checkpoint
 import data
-import evaluate
 import sg_loss
+import transfer
 
 # -----------------------------------------------------------------------------
 # shared helpers
@@ -315,47 +320,52 @@ def step_batches(path, data_dir, batch_size, n_batches=16, seed=0, device="cpu")
 def make_step_run(impl, path, data_dir=None, batch_size=16, steps=1, device="cpu", dropout=True, proj_size=4096,
                   seed=0, tau=0.01, lam=0.1, lr=5e-5, precision=None):
     """A closure that runs `steps` SG-OPT training steps on the next fixed batches and returns the last
-    (loss, lam * L^reg), detached. impl "sgbert": train.py's step on bert.Bert; "reference": the same step built
-    from transformers.BertModel with the official formulation of the loss and of the regulariser. Both start from
-    the same weights, the same head and the same batches, so they compute the same numbers (dropout=False makes
-    them deterministic). precision: "fp32" or "bf16" (autocast of the encoders and the head, as train.py's
-    --precision); default as train.py: bf16 on CUDA, fp32 on CPU."""
-    import train  # the one import from the floor above: the step is built from train.py's own pieces
+    (loss, lam * L^reg), detached. impl "sgbert": train.py's own train_step on the Run that train.build_run makes;
+    "reference": the same step built from transformers.BertModel with the official formulation of the loss and of
+    the regulariser. Both start from the same weights, the same head and the same batches, at the same lr of the
+    schedule, so they compute the same numbers (dropout=False makes them deterministic). precision: "fp32" or
+    "bf16" (autocast of the encoders and the head, as train.py's --precision); default as train.py."""
+    import train  # the one import from the floor above: the step measured is train.py's own
     device = torch.device(device)
     batches = itertools.cycle(step_batches(path, data_dir, batch_size, device=device))
+    flags = ["--model", str(path), "--seed", str(seed), "--tau", str(tau), "--lam", str(lam), "--lr", str(lr),
+             "--batch-size", str(batch_size), "--proj-size", str(proj_size), "--device", device.type,
+             "--dropout", "on" if dropout else "off", "--teacher-dropout", "on" if dropout else "off",
+             "--max-steps", "1000", *(["--precision", precision] if precision else [])]
+    cfg = train.resolve_config(train.get_args(flags))
+    # steps counted from the end of the warm-up, so the lr is near its peak; the reference follows the same schedule
+    first = math.ceil(0.1 * cfg.max_steps)
+    counter = itertools.count(first)
     if impl == "sgbert":
-        bert_F = bert.Bert.from_pretrained(path)
-    else:
-        bert_F = hf_bert(path)
-    bert_F = bert_F.to(device).train(dropout)
-    bert_T = copy.deepcopy(bert_F).train(dropout).requires_grad_(True)
+        with contextlib.redirect_stdout(io.StringIO()):  # build_run's description of the run
+            run = train.build_run(cfg, bert.Bert.from_pretrained(path), bert.load_tokenizer(path), ["a", "b"], None, device)
+
+        def run_steps():
+            for _ in range(steps):
+                x = next(batches)
+                loss, reg, _, _ = train.train_step(run, next(counter), x, x)
+            return loss, reg.detach()
+        run_steps.run = run  # for the per-phase breakdown (phase_times)
+        return run_steps
+    return reference_step_run(path, cfg, batches, counter, steps, device)
+
+
+def reference_step_run(path, cfg, batches, counter, steps, device):
+    """The reference side of make_step_run: transformers.BertModel, the official loss, the norm-loop regulariser and
+    torch's per-parameter AdamW (the nearest stand-in for the transformers.AdamW the official code used)."""
+    import train
+    bert_F = hf_bert(path).to(device).train(cfg.dropout == "on")
+    bert_T = copy.deepcopy(bert_F).train(cfg.dropout == "on").requires_grad_(True)
     bert_T.embeddings.requires_grad_(False)  # as train.py: BERT_T's embeddings stay frozen
-    bert_F.requires_grad_(False)  # both sides: the official code freezes BERT_F, as train.py does
-    torch.manual_seed(seed)  # the same head on both sides
-    head = sg_loss.ProjectionHead(bert_F.config.hidden_size, proj_size).to(device)
-    # ours: train.py's fused AdamW. The reference: torch's default AdamW (a loop over the parameters on CPU), the
-    # nearest stand-in for the per-parameter loop of transformers.AdamW that the official code used
-    optimizer = torch.optim.AdamW(train.param_groups([bert_T, head], 0.01), lr=lr, betas=(0.9, 0.9), eps=1e-6,
-                                  fused=True if impl == "sgbert" else None)
+    bert_F.requires_grad_(False)  # the official code freezes BERT_F, as train.py does
+    torch.manual_seed(cfg.seed)  # the same head as train.build_run's
+    head = sg_loss.ProjectionHead(bert_F.config.hidden_size, cfg.proj_size).to(device)
+    optimizer = torch.optim.AdamW(train.param_groups([bert_T, head], cfg.weight_decay), lr=cfg.lr, betas=(0.9, 0.9),
+                                  eps=1e-6)
     trainable = [p for g in optimizer.param_groups for p in g["params"]]
-    precision = precision or ("bf16" if device.type == "cuda" else "fp32")
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")  # as train.py
-    # (the lr schedule, train.get_lr, is left out: a few float assignments per step)
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.precision == "bf16")  # as train.py
 
-    def step_ours(ids, mask):  # train.py's loop body, loss "opt", all views, mean-pooled
-        with torch.no_grad(), autocast:
-            h = train.layer_views(bert_F, ids, mask, range(len(bert_F.encoder.layer) + 1))  # (b, L, H)
-        with autocast:
-            zc, zh = train.project(head, bert_T(ids, mask)[-1][:, 0], h)
-        loss = sg_loss.sg_opt(zc, zh, tau)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        reg = sg_loss.add_weight_distance_grad_(bert_T, bert_F, lam)
-        torch.nn.utils.clip_grad_norm_(trainable, 1.0)
-        optimizer.step()
-        return loss.detach(), reg.detach()
-
-    def step_reference(ids, mask):
+    def step(ids, mask, i):
         # BERT_F frozen and run without autograd, as the official code does: what the reference differs in is
         # transformers' BertModel, the official loss formulation, the norm-loop regulariser and a per-parameter AdamW
         with torch.no_grad(), autocast:
@@ -364,24 +374,57 @@ def make_step_run(impl, path, data_dir=None, batch_size=16, steps=1, device="cpu
         with autocast:
             c = bert_T(input_ids=ids, attention_mask=mask).last_hidden_state[:, 0]
             zc, zh = train.project(head, c, h)  # the same head, the same way
-        loss = official_sg_opt(zc, zh, tau)  # the loss section's reference formulation
-        # the official regulariser: a Python loop of per-parameter norms, added to the loss and backpropagated
-        reg = 0.0
+        loss = official_sg_opt(zc, zh, cfg.tau)  # the loss section's reference formulation
+        reg = 0.0  # the official regulariser: a Python loop of per-parameter norms, added to the loss, backpropagated
         for p_T, p_F in zip(bert_T.parameters(), bert_F.parameters()):
             reg = reg + torch.norm(p_T - p_F) ** 2
         optimizer.zero_grad(set_to_none=True)
-        (loss + lam * reg).backward()
+        (loss + cfg.lam * reg).backward()
+        for g in optimizer.param_groups:
+            g["lr"] = train.get_lr(i, cfg.max_steps, cfg.lr)
         torch.nn.utils.clip_grad_norm_(trainable, 1.0)
         optimizer.step()
-        return loss.detach(), (lam * reg).detach()
+        return loss.detach(), (cfg.lam * reg).detach()
 
-    step = step_ours if impl == "sgbert" else step_reference
-
-    def run():
+    def run_steps():
         for _ in range(steps):
-            out = step(*next(batches))
+            out = step(*next(batches), next(counter))
         return out
-    return run
+    return run_steps
+
+
+def phase_times(run_steps, repeats, device):
+    """ms per phase of train.py's own step: its pieces wrapped in timers with a device synchronisation each (which
+    is why train.py itself times only the whole step, once per log line). BERT_T fwd+bwd is the rest of the step."""
+    run = run_steps.run
+    acc = dict.fromkeys(PHASES, 0.0)
+    sync = cuda_sync(device) or (lambda: None)
+
+    def timed(name, fn):
+        def wrapper(*a, **kw):
+            sync(); t0 = time.perf_counter()
+            out = fn(*a, **kw)
+            sync(); acc[name] += time.perf_counter() - t0
+            return out
+        return wrapper
+    saved = run.bert_F.forward, run.method, run.optimizer.step, sg_loss.add_weight_distance_grad_
+    run.bert_F.forward = timed("BERT_F fwd", run.bert_F.forward)
+    run.method = dataclasses.replace(run.method, loss=timed("loss", run.method.loss))
+    run.optimizer.step = timed("optim", run.optimizer.step)
+    sg_loss.add_weight_distance_grad_ = timed("reg", sg_loss.add_weight_distance_grad_)
+    try:
+        sync(); t0 = time.perf_counter()
+        for _ in range(repeats):
+            run_steps()
+        sync(); total = time.perf_counter() - t0
+    finally:
+        run.bert_F.forward, run.method, run.optimizer.step, sg_loss.add_weight_distance_grad_ = saved
+        del run.bert_F.forward  # back to the class's method
+    acc["BERT_T fwd+bwd"] = total - sum(acc.values())
+    return {k: 1e3 * v / repeats for k, v in acc.items()}
+
+
+PHASES = ("BERT_F fwd", "BERT_T fwd+bwd", "loss", "reg", "optim")
 
 
 STEP_IMPLS = ("sgbert", "reference")
@@ -431,7 +474,9 @@ def bench_step(results, args):
     for impl in STEP_IMPLS:
         rate = flops[impl] / ms[impl] / 1e6
         print(f"  {impl:9s} {rate:6.1f} GFLOP/s achieved = {100 * rate / gemm:4.1f}% of the GEMM rate")
-    results["step"] = dict(batch=16, device=str(device), precision=precision, ms=ms, speedup=speedup,
+    phases = phase_times(runs["sgbert"], args.repeats, device)
+    print("  sgbert's step by phase (synchronised timers; ms): " + " | ".join(f"{k} {v:.1f}" for k, v in phases.items()))
+    results["step"] = dict(phases_ms=phases, batch=16, device=str(device), precision=precision, ms=ms, speedup=speedup,
                            sentences="stsb" if data_dir else "synthetic", check_losses=got, gflop=
                            {k: v / 1e9 for k, v in flops.items()}, gemm_gflops=gemm)
 
@@ -498,7 +543,7 @@ def bench_ddp(results, args):
                    "--out", str(Path(tmp) / "r.safetensors"), "--overwrite", "--json", str(out)]
             p = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **env})
             assert p.returncode == 0, f"ddp: {name} failed:\n{p.stdout[-1500:]}{p.stderr[-1500:]}"
-            ms[name] = sum(json.loads(out.read_text())["ms_per_step"].values())
+            ms[name] = json.loads(out.read_text())["ms_per_step"]
     speedup = ms["1 process"] / ms["2 gloo processes"]
     print(f"  train.py, all-MiniLM-L6-v2, global batch 16, {args.ddp_steps} steps, CPU ({threads} threads): 1 process "
           f"{ms['1 process']:.1f} ms/step   2 gloo processes (torchrun, {max(1, threads // 2)} thread each) "
@@ -562,15 +607,14 @@ def bench_epoch(results, args):
         log = p.stdout
     steps, wall = r["steps"], r["wall_seconds"]
     full = int(re.search(r"\| (\d+) steps of", log).group(1)) if not args.epoch_steps else None
-    n_evals = log.count("eval step ")
-    step_ms = sum(r["ms_per_step"].values())
+    n_evals = len(re.findall(r"eval step \d+ \| STS-B dev \d", log))
+    step_ms = r["ms_per_step"]
     other = wall - steps * step_ms / 1e3  # dev evaluations, checkpoint writes, tokenising
     precision = re.search(r"precision=(\w+)", log).group(1)
     print(f"  train.py --loss opt, bert-base shape (random weights, 13 views), batch 16, STS-B sentences, {device} "
           f"{precision}: {steps} steps and {n_evals} dev evaluations in {wall:.1f} s (process {total:.1f} s with loading "
           f"and the final STS-B test)")
-    print("  ms/step: " + " | ".join(f"{k} {v:.1f}" for k, v in r["ms_per_step"].items())
-          + f" | evaluations, checkpoints and the rest {other:.1f} s")
+    print(f"  {step_ms:.1f} ms per training step | evaluations, checkpoints and the rest {other:.1f} s")
     row = dict(device=str(device), precision=precision, steps=steps, evaluations=n_evals, train_seconds=wall,
                process_seconds=total, ms_per_step=r["ms_per_step"], other_seconds=other)
     if args.epoch_steps:  # a capped run: the epoch's time from the same per-step and per-evaluation costs
@@ -727,9 +771,9 @@ def run_senteval(name, data_dir, vectors, nhid):
     with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
         warnings.simplefilter("ignore")  # sklearn's f1_score on SentEval's column of predictions
         os.symlink(Path(data_dir).resolve() / "senteval", Path(tmp) / "downstream")  # SentEval's layout
-        params = {"task_path": tmp, "usepytorch": True, "kfold": evaluate.KFOLD, "seed": evaluate.SEED,
-                  "classifier": {"nhid": nhid, "optim": "adam", "batch_size": evaluate.BATCH,
-                                 "tenacity": evaluate.TENACITY, "epoch_size": evaluate.EPOCH_SIZE}}
+        params = {"task_path": tmp, "usepytorch": True, "kfold": transfer.KFOLD, "seed": transfer.SEED,
+                  "classifier": {"nhid": nhid, "optim": "adam", "batch_size": transfer.BATCH,
+                                 "tenacity": transfer.TENACITY, "epoch_size": transfer.EPOCH_SIZE}}
         return senteval.engine.SE(params, lambda _, batch: vectors([" ".join(s) for s in batch])).eval(name)
 
 
@@ -746,7 +790,7 @@ def bench_transfer(results, args):
         return skip(results, "transfer", f"no data folder ({e})")
     tasks = [t for t in args.transfer_tasks.split(",") if t]
     assert tasks and all(t in data.TRANSFER for t in tasks), f"--transfer-tasks: choose from {','.join(data.TRANSFER)}"
-    nhid = evaluate.TRANSFER_CONFIGS[args.transfer_config]
+    nhid = transfer.TRANSFER_CONFIGS[args.transfer_config]
     model = bert.Bert.from_pretrained(path).to(get_device(args))
     tok = bert.load_tokenizer(path)
     print(f"  all-MiniLM-L6-v2 [{args.transfer_pooling}] vectors, classifier {args.transfer_config} (nhid {nhid}), "
@@ -761,7 +805,7 @@ def bench_transfer(results, args):
         def vectors(xs):
             return emb[[index[s] for s in xs]]
 
-        sides = {"ours": lambda: evaluate.transfer_task(name, splits, vectors, nhid),
+        sides = {"ours": lambda: transfer.transfer_task(name, splits, vectors, nhid),
                  "senteval": lambda: run_senteval(name, data_dir, vectors, nhid)}
         got, sec = {}, {}
         for side in (list(sides) if t % 2 == 0 else list(sides)[::-1]):
@@ -791,8 +835,7 @@ def bench_transfer(results, args):
 def save(results, args):
     """--json after every section (and transfer task), atomically: a killed bench keeps what it had finished."""
     if args.json:
-        import train
-        train.write_json(args.json, results)
+        checkpoint.write_json(args.json, results)
 
 
 CASES = {"loss": make_loss_run, "step": make_step_run}  # factories of a zero-argument run, for peak_rss_mb's child

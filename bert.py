@@ -1,5 +1,5 @@
 """
-BERT encoder in plain PyTorch: config, model, checkpoint loading/saving, tokenizer and sentence encoding.
+BERT encoder in plain PyTorch: config, model, the checkpoint key map, tokenizer and sentence encoding.
 
 The whole encoder is in this one file. It follows
 1) google-research/bert modeling.py (the original TF1 code) and
@@ -9,15 +9,7 @@ Attribute names match HF keys, so a BertModel checkpoint loads 1:1.
 
 Shape legend: B = batch size, T = sequence length, H = hidden size, nh = attention heads, hs = H // nh.
 """
-import glob
 import json
-import os
-import re
-import shutil
-import sys
-import urllib.error
-import urllib.request
-from contextlib import contextmanager
 from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 
@@ -26,12 +18,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-WEIGHTS = Path(os.environ.get("SG_WEIGHTS") or Path(__file__).resolve().parent / "weights")
-HF_ENDPOINT = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
-
-
-class LoadError(Exception):
-    """A model, checkpoint or tokenizer that cannot be loaded; the message names the file and what to do."""
+import checkpoint
+from checkpoint import LoadError
 
 # -----------------------------------------------------------------------------
 # config
@@ -170,6 +158,10 @@ class Bert(nn.Module):
         self.extra = {}  # checkpoint tensors we carry but do not use (the pooler), so export writes a whole BertModel
         self.apply(self._init_weights)
 
+    def tensors(self):
+        """What a checkpoint holds: the weights under HF BertModel key names in fp32 on the CPU, and the pooler."""
+        return {**{k: v.detach().to("cpu", torch.float32) for k, v in self.state_dict().items()}, **self.extra}
+
     @staticmethod
     def _init_weights(m):
         # BERT's init (truncated normal in TF, plain normal in HF); only matters for random test models
@@ -180,7 +172,7 @@ class Bert(nn.Module):
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, embedding_fn=None):
         """position_ids (B, T) replace 0..T-1, and embedding_fn maps the embedding output (B, T, H) before layer 1:
-        the two hooks ConSERT's augmentations need (views.py)."""
+        the two hooks ConSERT's augmentations need (augment.py)."""
         B, T = input_ids.shape
         assert T <= self.config.max_position_embeddings, \
             f"sequence of length {T} is longer than max_position_embeddings {self.config.max_position_embeddings}"
@@ -208,9 +200,9 @@ class Bert(nn.Module):
     def from_pretrained(cls, name_or_path):
         """A model folder (config.json + model.safetensors), a .safetensors checkpoint written by this project,
         or a name found as weights/<name>/ (downloaded from the Hugging Face hub when missing). Eval mode."""
-        src = resolve(name_or_path)
+        src = checkpoint.resolve(name_or_path)
         if src.suffix == ".safetensors" or src.is_file():
-            weights = check_checkpoint_path(src)
+            weights = checkpoint.check_checkpoint_path(src)
         else:
             weights = src / "model.safetensors"
             for f in (src / "config.json", weights):
@@ -224,7 +216,7 @@ class Bert(nn.Module):
 
     def load_safetensors(self, path):
         """Fill every parameter from a safetensors file through the key map below; any mismatch is an error."""
-        tensors = read_tensors(path)
+        tensors = checkpoint.read_tensors(path)
         own = self.state_dict()
         loaded, seen, self.extra = {}, {}, {}
         problems = {k: [] for k in ("missing keys", "unexpected keys", "wrong shapes", "integer tensors",
@@ -274,255 +266,12 @@ def hf_key(key):
         key = key.replace(old, new)
     return key
 
-# -----------------------------------------------------------------------------
-# files: resolution, download, safetensors checkpoints
-
-
-def resolve(name_or_path):
-    """Path of a model: an existing path as is, else weights/<name>/, downloaded from the hub if missing."""
-    p, name = Path(name_or_path), str(name_or_path)
-    if p.exists():
-        return p
-    if p.suffix == ".safetensors" or p.is_absolute() or name.startswith("."):
-        raise LoadError(f"{p} not found")
-    if not HUB_NAME.fullmatch(name):  # 'a/../../x' and the like would read and write outside weights/
-        raise LoadError(f"{name} not found, and it is not a model name (org/name: letters, digits, '.', '-', '_')")
-    local = WEIGHTS / name
-    if not local.is_dir():
-        download(name, local)
-    return local
-
-
-HUB_NAME = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)*", re.ASCII)  # no '', '.', '..' parts, no '\\'
-
-
-def download(name, dest):
-    """Fetch config.json, model.safetensors and tokenizer.json (or vocab.txt) from the hub into dest, atomically."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    clean_leftovers(dest)
-    tmp = temp_path(dest)
-    try:
-        tmp.mkdir()
-        for files in (["config.json"], ["model.safetensors"], ["tokenizer.json", "vocab.txt"]):
-            for i, f in enumerate(files):
-                try:
-                    _fetch(f"{HF_ENDPOINT}/{name}/resolve/main/{f}", tmp / f)
-                    break
-                except urllib.error.HTTPError as e:
-                    if e.code != 404 or i == len(files) - 1:
-                        raise
-        try:
-            tmp.rename(dest)
-        except OSError:
-            if not dest.is_dir():  # else another process downloaded the same model first: use theirs
-                raise
-    except (OSError, urllib.error.URLError) as e:
-        raise LoadError(f"model '{name}' is not a local path and is not in {dest}, and downloading it from "
-                        f"{HF_ENDPOINT} failed ({e}). Offline: put config.json, model.safetensors and tokenizer.json "
-                        f"(or vocab.txt) of '{name}' in {dest}/") from None
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _fetch(url, path):
-    with urllib.request.urlopen(url, timeout=30) as r, open(path, "wb") as f:
-        total, done = int(r.headers.get("Content-Length") or 0), 0
-        while chunk := r.read(1 << 20):
-            f.write(chunk)
-            done += len(chunk)
-            print(f"\rdownloading {url}: {done / 1e6:.1f}" + (f"/{total / 1e6:.1f}" if total else "") + " MB",
-                  end="", file=sys.stderr, flush=True)
-    print(file=sys.stderr)
-
-
-def read_tensors(path):
-    from safetensors.torch import load_file
-    try:
-        return load_file(str(path))
-    except Exception as e:  # safetensors raises its own SafetensorError, or OSError
-        raise LoadError(f"{path}: not a valid safetensors file ({e}); re-download or re-create it") from None
-
-
-def read_metadata(path):
-    """The metadata of a .safetensors file, with the JSON values our checkpoints store decoded and type-checked."""
-    from safetensors import safe_open
-    try:
-        with safe_open(str(path), "pt") as f:
-            meta = f.metadata() or {}
-    except Exception as e:
-        raise LoadError(f"{path}: not a valid safetensors file ({e}); re-download or re-create it") from None
-    out = {}
-    for k, v in meta.items():
-        try:
-            out[k] = json.loads(v) if k in JSON_META else v
-        except json.JSONDecodeError:
-            raise LoadError(f"{path}: metadata '{k}' is not valid JSON") from None
-        if k in JSON_META and not isinstance(out[k], dict):
-            raise LoadError(f"{path}: metadata '{k}' is a JSON {type(out[k]).__name__}; it must be an object")
-    return out
-
-
-JSON_META = ("config", "args", "best")  # metadata values stored as JSON objects; "tokenizer" is a tokenizer.json string
 
 
 def read_config(src):
     """The checked BertConfig of a model folder (its config.json) or of our checkpoint (its metadata)."""
-    if src.suffix == ".safetensors":
-        meta = read_metadata(src)
-        if "config" not in meta:
-            raise LoadError(f"{src}: no 'config' in the safetensors metadata; this is not a checkpoint written by "
-                            "sgbert. Load the folder that holds it with its config.json instead.")
-        return BertConfig.from_dict(meta["config"], f"{src} (metadata 'config')")
-    f = src / "config.json"
-    try:
-        d = json.loads(f.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
-        raise LoadError(f"{f}: not a valid BERT config.json ({e})") from None
-    return BertConfig.from_dict(d, str(f))
+    return BertConfig.from_dict(*checkpoint.read_config_dict(src))
 
-
-def save_checkpoint(path, model, meta):
-    """Write the model's weights (HF BertModel key names) and meta to a .safetensors file, atomically: a temp file
-    beside it, then a rename, so a crash never leaves a half-written checkpoint. The same model and meta give the
-    same bytes. It takes no lock: whoever writes path over a whole run holds output_lock(path) for it. A symlink is
-    followed: its target is replaced, the link stays."""
-    path = Path(os.path.realpath(path))
-    tensors = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in model.state_dict().items()}
-    tensors.update({k: v.detach().cpu().contiguous() for k, v in model.extra.items()})
-    meta = {"format": "pt", "config": model.config.to_dict(), **meta}
-    meta = {k: v if isinstance(v, str) else json.dumps(v, sort_keys=True) for k, v in meta.items()}
-    clean_leftovers(path)
-    tmp = temp_path(path)
-    try:
-        with open(tmp, "wb") as f:
-            write_safetensors(f, tensors, meta)
-            f.flush()
-            os.fsync(f.fileno())  # the data is on disk before the rename makes it the checkpoint
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-
-
-def write_safetensors(f, tensors, meta):
-    """The safetensors format written out: 8-byte header size, JSON header, raw tensor bytes. safetensors' own
-    writer orders the metadata by a hash map whose seed changes per run; here every order is fixed, so the same
-    tensors and metadata always give the same bytes."""
-    names = sorted(tensors, key=lambda k: (-tensors[k].element_size(), k))  # widest dtype first keeps data aligned
-    header, start = {"__metadata__": dict(sorted(meta.items()))}, 0
-    for k in names:
-        t = tensors[k]
-        n = t.numel() * t.element_size()
-        header[k] = {"dtype": ST_DTYPES[t.dtype], "shape": list(t.shape), "data_offsets": [start, start + n]}
-        start += n
-    h = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
-    h += b" " * (-len(h) % 8)  # pad with spaces so the data starts 8-byte aligned, as the format asks
-    f.write(len(h).to_bytes(8, "little") + h)
-    for k in names:  # little-endian, as the format asks: every platform torch ships for is
-        f.write(tensors[k].reshape(-1).view(torch.uint8).numpy())
-
-
-ST_DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16"}
-
-
-def check_checkpoint_path(path, write=False):
-    """A checkpoint path (train.py --out, evaluate.py --ckpt) checked before any work: a .safetensors file name, not
-    a folder; to read, an existing file; to write, in an existing folder we can write to. Returns it as a Path."""
-    p = Path(path)
-    if not str(path).strip():
-        problem = "is empty"
-    elif p.is_dir():
-        problem = "is a folder; give a file name ending in .safetensors"
-    elif p.suffix != ".safetensors":
-        problem = "does not end in .safetensors"
-    elif not write and not p.is_file():
-        problem = "not found"
-    elif write and not p.parent.is_dir():
-        problem = f"is in a folder that does not exist ({p.parent})"
-    elif write and not os.access(p.parent, os.W_OK):
-        problem = f"is in a folder we cannot write to ({p.parent})"
-    else:
-        return p
-    raise LoadError(f"checkpoint path '{path}' {problem}")
-
-# -----------------------------------------------------------------------------
-# one process per output, and what killed runs leave behind
-
-
-class OutputLocked(LoadError):
-    """Another live process is writing the same output (see output_lock)."""
-
-
-@contextmanager
-def output_lock(path):
-    """Hold the lock of an output (a checkpoint file, an export folder) while writing it: one process per output.
-
-    The lock is the file .NAME.lock beside path, holding the owner's pid, with an flock on it. Anyone else asking
-    for the same path (another process, or this one again: it is not re-entrant) gets OutputLocked at once, a
-    one-line message naming the owner's pid; nothing waits. The kernel drops an flock when its process dies, however
-    it dies (kill -9 too), so the lock of a dead process is taken over, never in the way. The file goes on release.
-    It keeps our own runs apart; nothing stops another program from writing path."""
-    import fcntl
-    path = Path(path)
-    lock = path.with_name(f".{path.name}.lock")
-    while True:
-        try:
-            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as e:
-            raise LoadError(f"{path}: cannot create the lock file {lock} ({e.strerror})") from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            owner = os.read(fd, 32).decode(errors="replace").strip() or "?"
-            os.close(fd)
-            raise OutputLocked(f"{path} is being written by another process (pid {owner}); wait for it to finish "
-                               f"or choose another output (lock file: {lock})") from None
-        try:
-            if os.path.samestat(os.fstat(fd), os.stat(lock)):
-                break
-        except FileNotFoundError:
-            pass
-        os.close(fd)  # its owner removed the file between our open and flock: lock the new one instead
-    os.ftruncate(fd, 0)
-    os.write(fd, f"{os.getpid()}\n".encode())
-    try:
-        yield path
-    finally:
-        os.unlink(lock)  # before close: whoever opened the old file sees it is gone and retries
-        os.close(fd)
-
-
-def temp_path(path, kind="tmp"):
-    """Where path is written before it is renamed in: beside it (a rename within one file system is atomic), hidden,
-    named with our pid, so that a later run can tell what a killed run left from what a live one is writing."""
-    return path.with_name(f".{path.name}.{os.getpid()}.{kind}")
-
-
-def clean_leftovers(path):
-    """Remove what killed runs left beside path: .NAME.PID.tmp files or folders whose process is gone. A folder
-    .NAME.PID.old is the previous path that an export had set aside: put back if path is missing, else removed."""
-    for p in sorted(path.parent.glob(f".{glob.escape(path.name)}.*")):
-        pid, _, kind = p.name[len(path.name) + 2:].partition(".")
-        if kind not in ("tmp", "old") or not pid.isdigit() or pid_alive(int(pid)):
-            continue  # not ours, or its writer is still running
-        if kind == "old" and not os.path.lexists(path):
-            os.rename(p, path)
-            print(f"note: put {path} back from {p.name}, where an interrupted export had left it", file=sys.stderr)
-            continue
-        try:
-            shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
-        except OSError:
-            pass  # a leftover we cannot remove is no reason to fail this save
-
-
-def pid_alive(pid):
-    try:
-        os.kill(pid, 0)  # signal 0 sends nothing: it only asks whether the process exists
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OverflowError):  # it exists under another user (or is no pid of ours: keep its file)
-        pass
-    return True
 
 # -----------------------------------------------------------------------------
 # tokenizer and sentence encoding
@@ -534,8 +283,8 @@ def load_tokenizer(name_or_path, max_len=128):
     Where the model's config is beside it, max_len is capped by max_position_embeddings and the ids are checked
     against vocab_size."""
     from tokenizers import Tokenizer
-    src = resolve(name_or_path)
-    meta = read_metadata(src) if src.suffix == ".safetensors" else {}
+    src = checkpoint.resolve(name_or_path)
+    meta = checkpoint.read_metadata(src) if src.suffix == ".safetensors" else {}
     if src.suffix == ".safetensors":
         if "tokenizer" not in meta:
             raise LoadError(f"{src}: no 'tokenizer' in the safetensors metadata; pass the base model's folder instead")
@@ -659,11 +408,3 @@ def encode_many(model, tokenizer, sentences, specs, batch_size=64):
             arr[idx] = pool(hidden_states, mask, pooling, layer).float().cpu().numpy()
     model.train(was_training)
     return out
-
-if __name__ == "__main__":  # `python bert.py export ...` still works: the export CLI lives in export.py (floor 2)
-    try:
-        import export
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        sys.exit(130)
-    export.main(sys.argv[2:] if sys.argv[1:2] == ["export"] else sys.argv[1:])

@@ -16,10 +16,11 @@ import shutil
 import sys
 import tarfile
 import tempfile
-import urllib.request
 from pathlib import Path
 
 import numpy as np
+
+import checkpoint
 
 SENTEVAL_URL = "https://huggingface.co/datasets/princeton-nlp/datasets-for-simcse/resolve/main/senteval.tar"
 STSB_URL = "https://sbert.net/datasets/stsbenchmark.tsv.gz"
@@ -318,18 +319,6 @@ def data_counts(data_dir, parts=("senteval", STSB_FILE)):
     return out
 
 
-def fetch(url, path):
-    """Stream url to path with a one-line progress display on stderr."""
-    with urllib.request.urlopen(url, timeout=30) as r, open(path, "wb") as f:
-        total, done = int(r.headers.get("Content-Length") or 0), 0
-        while chunk := r.read(1 << 20):
-            f.write(chunk)
-            done += len(chunk)
-            size = f"{done / 1e6:.1f}/{total / 1e6:.1f} MB" if total else f"{done / 1e6:.1f} MB"
-            print(f"\rdownloading {url}: {size}", end="", file=sys.stderr, flush=True)
-    print(file=sys.stderr)
-
-
 def unpack_senteval(tar_path, dest):
     """Extract the folder of the tar that holds STS/ and SICK/ (SimCSE's tar has it as downstream/, SentEval's as
     SentEval/data/downstream/) to dest."""
@@ -360,10 +349,10 @@ def download(data_dir, senteval_url=SENTEVAL_URL, stsb_url=STSB_URL, counts=COUN
     try:
         try:
             if "senteval" in parts:
-                fetch(senteval_url, tmp / "senteval.tar")
+                checkpoint.fetch(senteval_url, tmp / "senteval.tar")
                 unpack_senteval(tmp / "senteval.tar", tmp / "senteval")
             if STSB_FILE in parts:
-                fetch(stsb_url, tmp / STSB_FILE)
+                checkpoint.fetch(stsb_url, tmp / STSB_FILE)
         except OSError as e:  # urllib.error.URLError is an OSError, so are disk errors
             raise DataError(f"download failed ({e}). Without a network, put SentEval's processed data folder "
                             f"(data/downstream/ of SentEval, or downstream/ from SimCSE's senteval.tar at "
@@ -404,7 +393,7 @@ if __name__ == "__main__":
     try:
         download(Path(args.data_dir or os.environ.get("SG_DATA") or "data"))
     except DataError as e:
-        sys.exit(f"error: {e}")
+        checkpoint.die(e)
     except KeyboardInterrupt:  # the download's temp folder is removed on the way out; the data folder is untouched
         print("data.py: interrupted", file=sys.stderr)
         sys.exit(130)

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 import data
-from train import write_json
+from checkpoint import write_json
 
 ROOT = Path(__file__).resolve().parent
 PAPER_SEEDS = [1, 2, 3, 4, 1234, 2345, 3456, 7890]  # appendix Table 9
@@ -193,7 +193,7 @@ def run_one(exp_name, v, seed, args, extra, out):
             return "failed"
         result = json.loads(part.read_text())
         part.unlink()
-        sts = result if v.evaluate_only else result["sts"]
+        sts = result["sts"]
         write_json(record_path, {"experiment": exp_name, "variant": v.name, "seed": None if v.evaluate_only else seed,
                                  "key": key, "command": [script, *cmd[2:]], "seconds": time.time() - t0,
                                  "sts": {t: sts[t] for t in [*TASKS, "avg"]},
@@ -239,9 +239,14 @@ def summarize(name, out):
                "sts": {t: ms([r["sts"][t]["all"] for r in recs]) for t in [*TASKS, "avg"]}}
         if not v.evaluate_only:
             row.update({k: ms([r["train"][k] for r in recs]) for k in ("wall_seconds", "test_seconds", "best_step")})
-            row["ms_per_step"] = ms([sum(r["train"]["ms_per_step"].values()) for r in recs])
+            row["ms_per_step"] = ms([step_ms(r["train"]["ms_per_step"]) for r in recs])
         summary[v.name] = row
     return summary
+
+
+def step_ms(x):
+    """A record's time per step: one figure (or, in records written before the step was timed whole, its phases)."""
+    return sum(x.values()) if isinstance(x, dict) else float(x)
 
 
 def report(name, out):

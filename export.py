@@ -1,48 +1,49 @@
 """
 Export: one folder that is a Hugging Face BertModel checkpoint and a sentence-transformers model at the same time.
 
-    python export.py sg.safetensors OUT_DIR [--force]      (the older spelling `python bert.py export ...` works too)
+    python export.py sg.safetensors OUT_DIR [--force]
 
-Floor 2: every weight, config and tokenizer goes through bert.py, checked on the way in. The folder is built beside
+Floor 3: every weight, config and tokenizer goes through bert.py, checked on the way in, and every file through
+checkpoint.py. The folder is built beside
 OUT_DIR under a temporary name, read back, then swapped in, so OUT_DIR is at every instant the old folder or the new
-one; one export per OUT_DIR at a time (bert.output_lock).
+one; one export per OUT_DIR at a time (checkpoint.output_lock).
 """
 import argparse
 import json
 import os
 import shutil
+import signal
 import sys
 from pathlib import Path
 
-try:  # a Ctrl-C while torch loads (seconds) ends like one anywhere else: one line, exit 130
-    import torch
+if __name__ == "__main__":  # Ctrl-C while torch loads: one line and exit code 130, not a traceback from an import
+    signal.signal(signal.SIGINT, lambda *_: (print("export.py: interrupted", file=sys.stderr), os._exit(130)))
 
-    import bert
-    from bert import Bert, LoadError
-except KeyboardInterrupt:
-    if __name__ != "__main__":
-        raise
-    print("interrupted", file=sys.stderr)
-    sys.exit(130)
+import torch
+
+import bert
+import checkpoint
+from bert import Bert
+from checkpoint import LoadError, die
 
 
 def export(src, out_dir, force=False):
     """Write a checkpoint (or a model folder / name) to out_dir: config.json + model.safetensors + tokenizer files
     for transformers, modules.json + CLS Pooling for sentence-transformers, and a README.md. An existing non-empty
-    out_dir is replaced only with force. Holds bert.output_lock(out_dir) throughout; returns out_dir as a Path."""
+    out_dir is replaced only with force. Holds checkpoint.output_lock(out_dir) throughout; returns out_dir as a Path."""
     out = Path(os.path.abspath(out_dir))  # no '.' or '..' as a folder name: the temp names are built from it
     out.parent.mkdir(parents=True, exist_ok=True)
-    with bert.output_lock(out):
-        bert.clean_leftovers(out)  # what an export killed mid-way left here (and the old folder, if it was set aside)
+    with checkpoint.output_lock(out):
+        checkpoint.clean_leftovers(out)  # what an export killed mid-way left here (and the old folder, if it was set aside)
         if out.exists() and not out.is_dir():
             raise FileExistsError(f"{out} exists and is not a folder; choose another OUT_DIR")
         if out.is_dir() and any(out.iterdir()) and not force:
             raise FileExistsError(f"{out} is not empty; pass --force to replace it")
-        path = bert.resolve(src)
-        meta = bert.read_metadata(path) if path.suffix == ".safetensors" else {"base_model": str(src)}
+        path = checkpoint.resolve(src)
+        meta = checkpoint.read_metadata(path) if path.suffix == ".safetensors" else {"base_model": str(src)}
         model, tok = Bert.from_pretrained(path), bert.load_tokenizer(path)
         files = folder_files(path, out.name, model, tok, meta)
-        tmp = bert.temp_path(out)
+        tmp = checkpoint.temp_path(out)
         try:
             tmp.mkdir(mode=0o755)
             for name, content in files.items():
@@ -50,7 +51,9 @@ def export(src, out_dir, force=False):
                 text = content if isinstance(content, str) else json.dumps(content, indent=2) + "\n"
                 (tmp / name).write_text(text, encoding="utf-8")
             # weights + pooler (model.extra) under HF BertModel names; the metadata keeps it a whole sgbert checkpoint
-            bert.save_checkpoint(tmp / "model.safetensors", model, {**meta, "tokenizer": tok.to_str()})
+            meta = {k: v for k, v in meta.items() if k in checkpoint.META}
+            checkpoint.save_checkpoint(tmp / "model.safetensors", model.tensors(),
+                                       {**meta, "config": model.config.to_dict(), "tokenizer": tok.to_str()})
             Bert.from_pretrained(tmp), bert.load_tokenizer(tmp)  # it reads back, before it replaces anything
             replace_dir(tmp, out)
         finally:
@@ -111,13 +114,13 @@ def replace_dir(new, out):
     """Move the folder new to out, replacing out if it exists. Where the system can, the two are swapped in one
     atomic step, so out is at every instant the old folder or the new one; elsewhere out is set aside as .OUT.PID.old
     for the instant between two renames, and an error or Ctrl-C there puts it back (a kill -9 there: the next export
-    puts it back, bert.clean_leftovers). The old folder is deleted once the new one is in place."""
+    puts it back, checkpoint.clean_leftovers). The old folder is deleted once the new one is in place."""
     if not os.path.lexists(out):
         os.rename(new, out)
     elif exchange(new, out):
         shutil.rmtree(new, ignore_errors=True)  # new now holds the old folder
     else:
-        old = bert.temp_path(out, "old")
+        old = checkpoint.temp_path(out, "old")
         try:
             os.rename(out, old)
             os.rename(new, out)
@@ -198,8 +201,7 @@ def main(argv=None):
     try:
         out = export(a.src, a.out_dir, force=a.force)
     except (LoadError, OSError) as err:  # user-facing: one line, no traceback
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
+        die(err)
     except KeyboardInterrupt:  # the temp folder is gone; OUT_DIR is the old folder (or, past the swap, the new one)
         print("interrupted", file=sys.stderr)
         sys.exit(130)
@@ -207,4 +209,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # from here on, Ctrl-C is a KeyboardInterrupt
     main()

@@ -32,25 +32,29 @@ import argparse
 import contextlib
 import copy
 import itertools
-import json
 import math
 import subprocess
 import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Callable
 
 import torch
 import torch.distributed as dist
 import torch.distributed.nn.functional as dist_nn
+from torch.nn.parallel import DistributedDataParallel as DDP
 
+import augment
 import bert
+import checkpoint
 import data
 import evaluate
 import sg_loss
-import views
+from checkpoint import die
+
+# -----------------------------------------------------------------------------
+# the methods
 
 
 @dataclass(frozen=True)
@@ -58,7 +62,7 @@ class Method:
     """Which encoder makes side 2 of the contrast, how BERT_T's output becomes its sentence vector in training and
     at evaluation, which head maps both sides, which loss, and the flag defaults of the method's own recipe."""
     side2: str  # "BERT_F": the layer views h_ik of the frozen copy; "BERT_T": a second pass of BERT_T
-    loss: Callable  # loss(z1, z2, tau); z2 is (b, L, p) for "opt", else (b, p)
+    loss: Callable  # loss(z1, z2, tau, rows); z2 is (b, L, p) for "opt", else (b, p)
     one_view: bool = False  # SG / OPT1 / OPT2: one view per sentence, its layer sampled uniformly
     head: str = "proj"  # "proj": the paper's f (4096 wide); "mlp": SimCSE's Linear + Tanh; "none"
     pooling: str = "cls"  # BERT_T's sentence vector during training
@@ -79,144 +83,112 @@ METHODS = {
     "simcse": Method("BERT_T", sg_loss.opt2, head="mlp", recipe=dict(tau=0.05, batch_size=64, max_len=32, lr=3e-5)),
 }
 DEFAULTS = dict(tau=0.01, lr=5e-5, batch_size=16, max_len=128, dropout="on", aug1="none", aug2="none")  # SG-OPT's
+SG_ONLY = ("lam", "view_pooling", "teacher_dropout", "layers")  # flags that mean something for side 2 = BERT_F only
+
+# -----------------------------------------------------------------------------
+# one training step
 
 
-def get_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[1].strip(), formatter_class=argparse.RawDescriptionHelpFormatter)
-    a = p.add_argument
-    a("--model", default="bert-base-uncased", help="base model: a folder, our .safetensors, or a name in weights/<name>/")
-    a("--loss", default="opt", choices=list(METHODS),
-      help="opt: SG-OPT over all b x (l+1) views; sg: NT-Xent; opt1/opt2: the paper's ablations (sg/opt1/opt2 use one "
-           "view per sentence, its layer sampled uniformly); consert, simcse: the other systems, each with its own "
-           "recipe's defaults for the flags marked (method)")
-    a("--tau", type=float, help="temperature of the contrastive loss (method: 0.01 SG, 0.1 ConSERT, 0.05 SimCSE)")
-    a("--lam", type=float, default=0.1, help="weight of the regulariser ||BERT_T - BERT_F||^2 (SG family)")
-    a("--lr", type=float, help="peak learning rate of AdamW (method: 5e-5 SG, 5e-7 ConSERT, 3e-5 SimCSE)")
-    a("--weight-decay", type=float, default=0.01,
-      help="AdamW weight decay on weights (not biases, not LayerNorm). code: 0.01, paper: not stated")
-    a("--batch-size", type=int, help="sentences per step (b); the other b-1 sentences are the negatives (method: 16 "
-      "SG, 96 ConSERT, 64 SimCSE)")
-    a("--epochs", type=int, default=1, help="passes over the training sentences")
-    a("--max-steps", type=int, default=0, help="stop after this many steps (0: run the epochs)")
-    a("--eval-every", type=int, default=50, help="STS-B dev evaluation every N steps (and at step 0 and the last step)")
-    a("--patience", type=int, default=10, help="early stop after N counted evaluations (0: never); see --early-stop")
-    a("--early-stop", default="code", choices=["code", "best"],
-      help="code: count evaluations whose dev score fell below the previous evaluation's, over the whole run (the "
-           "official code); best: count evaluations since the last new best")
-    a("--max-len", type=int, help="tokens per sentence, [CLS]/[SEP] included; longer ones are truncated (method: 128 "
-      "SG, 64 ConSERT, 32 SimCSE)")
-    a("--dropout", choices=["on", "off"], help="BERT_T's own dropout in training (method: off for ConSERT, else on)")
-    a("--aug1", help="augmentation of side 1's input (views.py: none, shuffle, token-cutoff:R, feature-cutoff:R, "
-      "dropout:R; method: feature-cutoff:0.2 ConSERT, else none)")
-    a("--aug2", help="augmentation of side 2's input (method: shuffle ConSERT, else none)")
-    a("--pooling", choices=bert.POOLINGS, help="BERT_T's sentence vector in training (method: mean ConSERT, else cls)")
-    a("--eval-pooling", choices=bert.POOLINGS, help="the sentence vector at evaluation, recorded in the checkpoint "
-      "(method: last2 ConSERT, else cls)")
-    a("--view-pooling", default="mean", choices=["mean", "max"],
-      help="how a layer of BERT_F is pooled into a view h_ik. code: mean, paper: max")
-    a("--teacher-dropout", default="on", choices=["on", "off"],
-      help="dropout in BERT_F while it makes the views. code: on (it stays in train mode), paper: not stated")
-    a("--layers", default=":", help="which BERT_F hidden states give views, as a Python slice A:B over 0..l (default all)")
-    a("--no-proj", action="store_true", help="ablation: no projection head f (the loss sees BERT vectors directly)")
-    a("--proj-size", type=int, default=4096, help="width of the projection head f")
-    a("--data", default="stsb", help="'stsb' (all 17,256 STS-B sentences, as the official code), a text file (one "
-      "sentence per line), or a .tsv of pairs 'sentence<TAB>paraphrase': the paraphrase makes side 2 (BERT_F's "
-      "views for the SG family, the second view for ConSERT / SimCSE)")
-    a("--data-dir", default=None, help="data folder with senteval/ and stsbenchmark.tsv.gz (default $SG_DATA, else ./data)")
-    a("--out", default="sg.safetensors", help="where the best checkpoint is written")
-    a("--overwrite", action="store_true", help="allow an existing --out; it is replaced only once this run has a "
-      "checkpoint to put in its place")
-    a("--json", default=None, help="write the final results to this JSON file")
-    a("--eval-all", action="store_true", help="at the end, evaluate the best checkpoint on all 7 STS tasks")
-    a("--eval-only", action="store_true", help="sanity check: evaluate the base model on STS-B dev/test (and all 7 "
-      "tasks with --eval-all) and exit, reproducing the paper's untrained [CLS] baseline")
-    a("--seed", type=int, default=1, help="seed for the head init, the shuffle, layer sampling and dropout")
-    a("--device", default="auto", choices=["auto", "cpu", "cuda"], help="auto: cuda when available")
-    a("--precision", choices=["fp32", "bf16"], help="bf16: autocast of the encoders and the head (the similarity, "
-      "softmax, loss and regulariser stay fp32); default bf16 on CUDA, fp32 on CPU. The official code ran fp32")
-    a("--log-every", type=int, default=10, help="one log line every N steps")
-    a("--overfit-batch", action="store_true", help="sanity check: train on the first batch over and over (loss must fall)")
-    a("--eval-batch-size", type=int, default=128, help="batch size of the dev-set encoding")
-    args = p.parse_args(argv)
-    m = METHODS[args.loss]
-    for k, v in {**DEFAULTS, "pooling": m.pooling, "eval_pooling": m.eval_pooling, **m.recipe}.items():
-        if getattr(args, k) is None:  # the method's recipe, unless a flag says otherwise
-            setattr(args, k, v)
-    return args
+@dataclass
+class Run:
+    """What a training run holds, built once by build_run(): everything the step and the loop read."""
+    cfg: argparse.Namespace  # the resolved config: every flag, the method's recipe applied (saved as 'args')
+    method: Method
+    bert_F: torch.nn.Module  # the frozen copy: the views h_ik, and the base weights of the regulariser
+    bert_T: torch.nn.Module  # the copy being trained; a DDP wrapper of it on several processes (raw() unwraps)
+    head: torch.nn.Module  # f (DDP-wrapped on several processes when it has weights)
+    optimizer: torch.optim.Optimizer
+    trainable: list  # the parameters the optimizer updates, clipped together
+    layers: list  # the hidden states of BERT_F that give views (0 = embeddings .. l)
+    total: int  # training steps
+    tokenizer: object
+    examples: list  # training sentences, or (sentence, paraphrase) pairs
+    data_dir: Path
+    device: torch.device
+    rank: int = 0
+    world: int = 1
+    gen: torch.Generator = None  # the shuffle and the layer sampling: the same draws on every process
+    aug_gen: torch.Generator = None  # the augmentations of this process's sentences
+    aug1: augment.Augmentation = augment.Augmentation()  # of side 1's input (ConSERT)
+    aug2: augment.Augmentation = augment.Augmentation()  # of side 2's input
+    meta: dict = field(default_factory=dict)  # checkpoint metadata (checkpoint.META)
+
+    def autocast(self):
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.cfg.precision == "bf16")
 
 
-def die(msg):
-    print(f"train.py: error: {msg}", file=sys.stderr)
-    sys.exit(2)
+def raw(m):
+    """The module itself, under its DDP wrapper if it has one (nanoGPT's raw_model)."""
+    return m.module if isinstance(m, DDP) else m
 
 
-AT_LEAST = {"batch_size": 2, "epochs": 1, "eval_every": 1, "log_every": 1, "proj_size": 1, "eval_batch_size": 1,
-            "max_len": 3, "max_steps": 0, "patience": 0}  # integer flags and their smallest sensible value
-AT_LEAST_FLOAT = {"lr": 0.0, "lam": 0.0, "weight_decay": 0.0}  # and tau > 0
+def layer_views(bert_F, ids, mask, layers, pooling="mean"):
+    """The views h_ik: BERT_F's hidden states `layers`, each pooled over all real tokens ([CLS]/[SEP] included)
+    -> (b, L, H)."""
+    hs = bert_F(ids, mask)
+    pool = bert.masked_mean if pooling == "mean" else lambda x, m: bert.pool([x], m, "max")
+    return torch.stack([pool(hs[k], mask) for k in layers], 1)
 
 
-def check_args(args):
-    """Refuse bad input before any work starts, with one line that names the problem."""
-    for k, low in AT_LEAST.items():
-        if getattr(args, k) < low:
-            why = {"batch_size": "the other sentences of the batch are the negatives",
-                   "max_len": "room for [CLS], one token and [SEP]"}.get(k, "")
-            die(f"--{k.replace('_', '-')} {getattr(args, k)}: must be at least {low}" + (f" ({why})" if why else ""))
-    for k, v in [*((k, getattr(args, k)) for k in AT_LEAST_FLOAT), ("tau", args.tau)]:
-        if not math.isfinite(v) or v < 0 or (k == "tau" and v == 0):
-            die(f"--{k.replace('_', '-')} {v}: must be a finite number " + ("> 0" if k == "tau" else ">= 0"))
-    if not 0 <= args.seed < 2 ** 63:
-        die(f"--seed {args.seed}: must be in 0 .. 2^63 - 1")
-    try:
-        args.eval_only or bert.check_checkpoint_path(args.out, write=True)
-    except bert.LoadError as e:
-        die(f"--out: {e}")
-    if Path(args.out).exists() and not args.overwrite and not args.eval_only:
-        die(f"--out {args.out} exists: pass --overwrite to replace it (it is kept until this run has a checkpoint of "
-            f"its own), or choose another --out")
-    if args.json:
-        check_output("--json", args.json, ".json")
-    if args.device == "cuda" and not torch.cuda.is_available():
-        die("--device cuda: no CUDA device is available (use --device cpu)")
-    parse_slice(args.layers)
-    for flag in ("aug1", "aug2"):
-        try:
-            views.parse(getattr(args, flag))
-        except ValueError as e:
-            die(f"--{flag} {e}")
+def project(head, c, h):
+    """One pass of the shared head f over c (b, H) and h (b, L, H) -> f(c) (b, p) and f(h) (b, L, p), in fp32."""
+    b, L, H = h.shape
+    z = head(torch.cat([c, h.reshape(b * L, H)]))
+    return z[:b].float(), z[b:].float().view(b, L, -1)
 
 
-def check_output(flag, path, suffix):
-    """An output file path: a file name with the suffix, in an existing writable folder, not a folder itself."""
-    p = Path(path)
-    if not p.name or p.is_dir() or p.suffix != suffix:
-        die(f"{flag} {path}: expected a file name ending in {suffix}")
-    if not p.resolve().parent.is_dir():
-        die(f"{flag} {path}: the folder {p.resolve().parent} does not exist")
-    if not os.access(p.resolve().parent, os.W_OK):
-        die(f"{flag} {path}: the folder {p.resolve().parent} is not writable")
+def sides(run, x1, x2):
+    """The two sides of the contrast through the head, in fp32: z1 (b, p) and z2 ((b, L, p) for BERT_F's views,
+    else (b, p)). x1, x2: (ids, mask) of side 1's and side 2's sentences."""
+    cfg, aug1, aug2 = run.cfg, run.aug1, run.aug2
+
+    def encode(model, ids, mask, aug):
+        return model(ids, mask, position_ids=aug.position_ids(mask, run.aug_gen),
+                     embedding_fn=aug.embedding_fn(mask, run.aug_gen))
+
+    if run.method.side2 == "BERT_F":  # views h_ik: every selected hidden state of BERT_F, pooled over all tokens
+        with torch.no_grad(), run.autocast():
+            h = layer_views(lambda i, m: encode(run.bert_F, i, m, aug2), *x2, run.layers, cfg.view_pooling)  # (b, L, H)
+    with run.autocast():
+        c = bert.pool(encode(run.bert_T, *x1, aug1), x1[1], cfg.pooling)  # sentence vectors c_i (b, H)
+        if run.method.side2 == "BERT_F":
+            return project(run.head, c, h)  # one shared head f maps c and h
+        c2 = bert.pool(encode(run.bert_T, *x2, aug2), x2[1], cfg.pooling)  # other augmentation, other dropout mask
+        z = run.head(torch.cat([c, c2]))
+        return z[:len(c)].float(), z[len(c):].float()
 
 
-def parse_slice(spec):
-    """'A:B' or 'A:B:C' -> slice; a bare number is refused (':5' and '5:6' say what they mean)."""
-    parts = spec.split(":")
-    try:
-        if not 2 <= len(parts) <= 3:
-            raise ValueError
-        s = slice(*[int(x) if x.strip() else None for x in parts])
-    except ValueError:
-        die(f"--layers {spec}: expected a slice A:B such as 0:7, 1: or : (one layer k: k:k+1)")
-    if s.step == 0:
-        die(f"--layers {spec}: the slice step must not be 0")
-    return s
-
-
-def view_layers(spec, n_hidden):
-    """Indices of the BERT_F hidden states (0 = embeddings .. l = last layer) that give views, from 'A:B'."""
-    layers = list(range(n_hidden))[parse_slice(spec)]
-    if not layers:
-        die(f"--layers {spec}: selects none of the {n_hidden} hidden states 0..{n_hidden - 1}")
-    return layers
+def train_step(run, step, x1, x2):
+    """One optimisation step, the same for every method. Returns the loss, lam * L^reg, the gradient norm and the
+    lr, as tensors (no device synchronisation: the loop reads them at log time)."""
+    z1, z2 = sides(run, x1, x2)
+    rows = None  # one process: every sentence is an anchor
+    if run.world > 1:
+        # Anchors are this process's rows, negatives the whole global batch: z1 and z2 of every process, gathered
+        # in rank order (sentence rank * b_local + i). Both carry a gradient (z1 = f(c) from BERT_T; z2 = f(h) through
+        # the trained head f, or a second pass of BERT_T), so both go through the autograd all_gather, whose backward
+        # returns each process the gradient of its rows from every process's loss. The head ran before the gather,
+        # on this process's rows only: nothing is computed twice.
+        z1, z2 = gather(z1), gather(z2)
+        share = len(z1) // run.world
+        rows = slice(run.rank * share, (run.rank + 1) * share)
+    if run.method.one_view:  # one view per sentence, its layer sampled uniformly (the same draws on every process)
+        k = torch.randint(z2.shape[1], (z2.shape[0],), generator=run.gen).to(run.device)
+        z2 = z2[torch.arange(z2.shape[0], device=run.device), k]
+    loss = run.method.loss(z1, z2, run.cfg.tau, rows=rows)  # the mean over this process's anchors
+    run.optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    reg = torch.zeros(())
+    if run.method.side2 == "BERT_F":  # after DDP's all-reduce of the loss gradient: added once, on every process
+        # L^reg = lam * ||BERT_T - BERT_F||^2 enters as its gradient 2 lam (theta_T - theta_F): same update as
+        # backpropagating it, without an autograd graph over every weight (tests/test_sg_loss.py proves it)
+        reg = sg_loss.add_weight_distance_grad_(raw(run.bert_T), run.bert_F, run.cfg.lam)
+    lr = get_lr(step, run.total, run.cfg.lr)
+    for g in run.optimizer.param_groups:
+        g["lr"] = lr
+    norm = torch.nn.utils.clip_grad_norm_(run.trainable, 1.0)
+    run.optimizer.step()
+    return loss.detach(), reg, norm, lr
 
 
 def get_lr(step, total, peak):
@@ -228,6 +200,100 @@ def get_lr(step, total, peak):
     return peak * max(0.0, (total - step) / max(1, total - warmup))
 
 
+def gather(x):
+    """x (b_local, ...) of every process, concatenated in rank order -> (b, ...). Autograd-aware when x carries a
+    gradient (torch.distributed.nn.functional.all_gather: its backward sums, over every process's loss, the
+    gradient of each process's own rows); the plain all_gather otherwise."""
+    if x.requires_grad:
+        with warnings.catch_warnings():  # torch 2.13 marks it deprecated for a private successor: keep the public one
+            warnings.simplefilter("ignore", FutureWarning)
+            return torch.cat(dist_nn.all_gather(x))
+    parts = [torch.empty_like(x) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, x.contiguous())
+    return torch.cat(parts)
+
+# -----------------------------------------------------------------------------
+# the loop
+
+
+def batches(run):
+    """Endless shuffled epochs of (side-1 sentences, side-2 sentences or None: the same): this process's share of
+    each global batch; the step count decides when to stop. Every process draws the same order. A short last batch
+    is cut to a multiple of the number of processes, and skipped below 2 sentences (no negatives)."""
+    b = run.cfg.batch_size
+    while True:
+        perm = torch.randperm(len(run.examples), generator=run.gen).tolist()
+        for s in range(0, len(perm), b):
+            idx = perm[s:s + b]
+            idx = idx[:len(idx) - len(idx) % run.world]
+            if len(idx) >= max(2, run.world):
+                share = len(idx) // run.world
+                ex = [run.examples[i] for i in idx[run.rank * share:(run.rank + 1) * share]]
+                yield ([e[0] for e in ex], [e[1] for e in ex]) if isinstance(ex[0], tuple) else (ex, None)
+
+
+def tensors(run, sentences):
+    return bert.batch_tensors(run.tokenizer.encode_batch(sentences), raw(run.bert_T).config.pad_token_id, run.device)
+
+
+def train_loop(run, keeper):
+    """Steps, a log line after step 1 and every --log-every steps, a dev evaluation at step 0, every --eval-every
+    steps and at the last step, the best checkpoint kept, early stop. Returns (why it stopped early or None, stats)."""
+    cfg = run.cfg
+    stats = dict(history=[], scores=[], step=0, t_start=time.time(), train_seconds=0.0)
+    data_iter = itertools.repeat(next(batches(run))) if cfg.overfit_batch else batches(run)
+    stop, step = None, 0
+    try:
+        evaluation(run, keeper, stats, 0)
+        t_mark, mark = time.perf_counter(), 0  # the training time since the last log line or evaluation
+        while step < run.total and not stop:
+            x1, x2 = next(data_iter)
+            x1 = tensors(run, x1)
+            x2 = x1 if x2 is None else tensors(run, x2)
+            loss, reg, norm, lr = train_step(run, step, x1, x2)
+            step = stats["step"] = step + 1
+            if step % cfg.log_every == 0 or step in (1, run.total):
+                loss_v = global_mean(run, loss).item()  # note: the one CPU-GPU sync point of the step, at log time
+                elapsed = time.perf_counter() - t_mark
+                dt, t_mark, mark = elapsed / (step - mark), time.perf_counter(), step
+                stats["train_seconds"] += elapsed
+                stats["history"].append((step, loss_v))
+                if not math.isfinite(loss_v):
+                    stop = f"non-finite loss {loss_v} at step {step}"
+                    break
+                eta = (run.total - step) * stats["train_seconds"] / step
+                print(f"step {step}/{run.total} | loss {loss_v:.4f} | reg {reg.item():.2e} | norm {norm.item():.2f} "
+                      f"| lr {lr:.2e} | {1000 * dt:.0f} ms/step | {cfg.batch_size / dt:.0f} sent/s | ETA {eta / 60:.1f} min",
+                      flush=True)
+            if step % cfg.eval_every == 0 or step == run.total:
+                sync(run.device)
+                stats["train_seconds"] += time.perf_counter() - t_mark  # the steps since the last log line
+                stop = evaluation(run, keeper, stats, step)
+                t_mark, mark = time.perf_counter(), step  # the next log line times training steps, not this evaluation
+    except KeyboardInterrupt:
+        if keeper:
+            print(f"train.py: interrupted at step {step}; {keeper.kept()}", file=sys.stderr)
+        sys.exit(130)
+    return stop, stats
+
+
+def global_mean(run, loss):
+    """The global batch's loss: the mean over the processes' anchors."""
+    if run.world > 1:
+        dist.all_reduce(loss := loss.clone())
+        loss /= run.world
+    return loss
+
+
+def agree(run, flag):
+    """Rank 0's decision (early stop, a failed evaluation), on every process: they stop together."""
+    if run.world == 1:
+        return flag
+    t = torch.tensor([float(flag)], device=run.device)
+    dist.broadcast(t, 0)
+    return bool(t.item())
+
+
 def early_stop(scores, rule, patience):
     """Stop now? `scores`: the dev scores so far, step 0 first. 'code' (the official code): count the evaluations
     whose score fell below the previous evaluation's (the first is compared with 0), over the whole run, never
@@ -237,6 +303,179 @@ def early_stop(scores, rule, patience):
     if rule == "code":
         return sum(s < prev for s, prev in zip(scores, [0.0] + scores[:-1])) >= patience
     return len(scores) - 1 - scores.index(max(scores)) >= patience
+
+# -----------------------------------------------------------------------------
+# evaluation and the best checkpoint
+
+
+def evaluation(run, keeper, stats, step):
+    """Rank 0: the dev score, the best checkpoint, the early-stop rule. Every process: stop now? (rank 0 decides;
+    the others wait for it here)."""
+    stop = None
+    if run.rank == 0:
+        print(f"eval step {step} | encoding STS-B dev ...", end="\r" if sys.stdout.isatty() else "\n", flush=True)
+        dev = dev_score(run)
+        keeper.offer(step, dev)
+        stats["scores"].append(dev)
+        print(f"eval step {step} | STS-B dev {dev:.2f}"
+              + (f" | best {keeper.best['dev']:.2f} (step {keeper.best['step']})" if step else ""), flush=True)
+        if early_stop(stats["scores"], run.cfg.early_stop, run.cfg.patience):
+            stop = f"early stop ({run.cfg.early_stop} rule, patience {run.cfg.patience})"
+    return (stop or "early stop (rank 0)") if agree(run, stop is not None) else None
+
+
+def dev_score(run):
+    model = raw(run.bert_T)
+    vectors = evaluate.sentence_vectors(model, run.tokenizer, run.cfg.eval_pooling, batch_size=run.cfg.eval_batch_size)
+    return evaluate.stsb_spearman(vectors, run.data_dir, "dev")
+
+
+class BestCheckpoint:
+    """The best weights so far, in --out: written on each new best dev score, atomically. An existing --out (allowed
+    by --overwrite) is kept until this run has a checkpoint of its own: the step-0 weights (the base model) replace
+    it only at the end of a run in which nothing beat them."""
+
+    def __init__(self, run):
+        self.run, self.out = run, run.cfg.out
+        self.best = {"step": -1, "dev": -math.inf}  # the best evaluation so far
+        self.saved = {}  # the step and dev score of the checkpoint in --out, once this run has written one
+        self.keep_old = Path(self.out).exists()
+
+    def kept(self):  # what --out holds now, for the last line of a run that stops early
+        s, out = self.saved, self.out
+        return (f"the best checkpoint so far (step {s['step']}, dev {s['dev']:.2f}) is {out}" if s
+                else f"the previous {out} is kept" if self.keep_old else "no checkpoint was written")
+
+    def save(self, model, step, dev):
+        meta = {**self.run.meta, "config": model.config.to_dict(), "best": {"step": step, "dev": dev}}
+        try:
+            checkpoint.save_checkpoint(self.out, model.tensors(), meta)
+        except OSError as e:  # e.g. a full disk: the file in place is intact (the write is atomic)
+            die(f"cannot write {self.out} ({e.strerror or e}); {self.kept()}")
+        self.saved = {"step": step, "dev": dev}  # only once the file is in place
+
+    def offer(self, step, dev):
+        if not math.isfinite(dev):  # never let a NaN score pick the "best" model
+            die(f"STS-B dev Spearman is {dev} at step {step} (constant sentence vectors?); {self.kept()}")
+        if dev > self.best["dev"]:
+            self.best = {"step": step, "dev": dev}
+            if step > 0 or not self.keep_old:  # step 0 is the base model: not worth replacing a file mid-run
+                self.save(raw(self.run.bert_T), step, dev)
+
+    def finish(self):
+        if self.saved.get("step") != self.best["step"]:  # the base model stayed the best: it replaces the old file
+            self.save(self.run.bert_F, 0, self.best["dev"])  # (BERT_F holds the base weights)
+
+
+def finish(run, keeper, stop, stats):
+    """The final report on the best checkpoint, the JSON, the exit code."""
+    keeper.finish()
+    wall, step = time.time() - stats["t_start"], stats["step"]
+    if stop:
+        print(f"{stop}; {keeper.kept()}")
+    if step:
+        print(f"{step} steps in {wall / 60:.1f} min ({1000 * stats['train_seconds'] / step:.0f} ms per training step)")
+    model = bert.Bert.from_pretrained(run.cfg.out).to(run.device)
+    result = final_report(run.cfg, model, run.tokenizer, run.data_dir, keeper.best, run.device)
+    result.update(steps=step, losses=stats["history"], wall_seconds=wall, stop=stop,
+                  ms_per_step=1000 * stats["train_seconds"] / max(step, 1))
+    if run.cfg.json:
+        checkpoint.write_json(run.cfg.json, result)
+    if stop and stop.startswith("non-finite"):
+        sys.exit(1)
+    return result
+
+
+def final_report(cfg, model, tokenizer, data_dir, best, device):
+    """STS-B dev and test Spearman of the best weights (the official code evaluates the last ones by mistake), and
+    the STS-B test inference time (the paper's Table 6); with --eval-all the 7-task table."""
+    vectors = evaluate.sentence_vectors(model, tokenizer, cfg.eval_pooling, batch_size=cfg.eval_batch_size)
+    print("encoding STS-B dev and test ...", flush=True)
+    dev = evaluate.stsb_spearman(vectors, data_dir, "dev")
+    sync(device); t0 = time.perf_counter()
+    test = evaluate.stsb_spearman(vectors, data_dir, "test")
+    sync(device); test_seconds = time.perf_counter() - t0
+    what = "base model" if best is None else f"best checkpoint {cfg.out} (step {best['step']})"
+    print(f"{what} | STS-B dev {dev:.2f} | STS-B test {test:.2f} ({test_seconds:.1f} s)")
+    result = {"best_step": None if best is None else best["step"], "dev": dev, "test": test,
+              "test_seconds": test_seconds}
+    if cfg.eval_all:
+        print("the 7 STS tasks ...", flush=True)
+        table = evaluate.evaluate_sts(vectors, data.TASKS, data_dir)
+        evaluate.print_table(table, data.TASKS, f"{cfg.out}: 7 STS tasks, {cfg.eval_pooling} pooling of the best checkpoint")
+        result["sts"] = table
+    return result
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+# -----------------------------------------------------------------------------
+# setup
+
+
+def setup(cfg, device, rank=0, world=1):
+    """Load everything up front (bad input fails before any work), then build_run."""
+    try:
+        bert_F = bert.Bert.from_pretrained(cfg.model)
+        tokenizer = bert.load_tokenizer(cfg.model, max_len=min(cfg.max_len, bert_F.config.max_position_embeddings))
+        data_dir = data.resolve_data_dir(cfg.data_dir, need_stsb=cfg.data == "stsb")  # --data FILE: no STS-B file needed
+        examples = data.training_sentences(cfg.data, data_dir)  # sentences, or (sentence, paraphrase) pairs
+        for task in data.TASKS if cfg.eval_all else ["STSBenchmark"]:  # fail now, not after training
+            data.load_task(task, data_dir)
+    except (checkpoint.LoadError, data.DataError) as e:
+        die(e)
+    if len(examples) < 2:
+        die(f"--data {cfg.data}: {len(examples)} sentence(s); contrastive training needs at least 2")
+    if cfg.data == "stsb":
+        print("note: the STS-B dev and test sentences are part of the unlabelled training data, as in the paper "
+              "(no labels are used)")
+    return build_run(cfg, bert_F, tokenizer, examples, data_dir, device, rank, world)
+
+
+def build_run(cfg, bert_F, tokenizer, examples, data_dir, device, rank=0, world=1):
+    """BERT_F (frozen), BERT_T (a trained copy), the head f, the optimizer; DDP wrappers on several processes."""
+    method, H = METHODS[cfg.loss], bert_F.config.hidden_size
+    layers = view_layers(cfg.layers, bert_F.config.num_hidden_layers + 1)
+    torch.manual_seed(cfg.seed)
+    # BERT_F: frozen, never in the autograd graph; BERT_T: a copy whose embedding block is frozen
+    bert_F = bert_F.to(device).train(cfg.teacher_dropout == "on").requires_grad_(False)
+    bert_T = copy.deepcopy(bert_F).train(cfg.dropout == "on").requires_grad_(True)
+    bert_T.embeddings.requires_grad_(False)
+    head = {"proj": lambda: sg_loss.ProjectionHead(H, cfg.proj_size), "none": torch.nn.Identity,
+            "mlp": lambda: torch.nn.Sequential(torch.nn.Linear(H, H), torch.nn.Tanh())}[
+        "none" if cfg.no_proj else method.head]().to(device)
+    torch.manual_seed(cfg.seed + rank)  # dropout: each process its own masks (rank 0 = one process's stream)
+    # eps: transformers.AdamW's default; fused: one kernel over all parameters (about 5x faster than the loop on CPU)
+    optimizer = torch.optim.AdamW(param_groups([bert_T, head], cfg.weight_decay), lr=cfg.lr, betas=(0.9, 0.9),
+                                  eps=1e-6, fused=True)
+    if world > 1:  # rank 0's weights are broadcast to every process here; BERT_F is never wrapped
+        ids = [device.index] if device.type == "cuda" else None
+        bert_T = DDP(bert_T, device_ids=ids)
+        head = DDP(head, device_ids=ids) if any(p.requires_grad for p in head.parameters()) else head
+    last = len(examples) % cfg.batch_size
+    n_batches = len(examples) // cfg.batch_size + (last - last % world >= max(2, world))  # see batches()
+    total = cfg.max_steps or cfg.epochs * n_batches
+    print(f"{len(examples)} {'pairs' if isinstance(examples[0], tuple) else 'sentences'} | {total} steps of "
+          f"{cfg.batch_size} | loss {cfg.loss} tau {cfg.tau} | side 2: {method.side2}"
+          + (f" views of hidden states {layers[0]}..{layers[-1]} ({len(layers)}), lam {cfg.lam}" if method.side2 == "BERT_F"
+             else f" | aug1 {cfg.aug1} aug2 {cfg.aug2}"))
+    return Run(cfg=cfg, method=method, bert_F=bert_F, bert_T=bert_T, head=head, optimizer=optimizer,
+               trainable=[p for g in optimizer.param_groups for p in g["params"]], layers=layers, total=total,
+               tokenizer=tokenizer, examples=examples, data_dir=data_dir, device=device, rank=rank, world=world,
+               gen=torch.Generator().manual_seed(cfg.seed), aug_gen=torch.Generator().manual_seed(cfg.seed + rank),
+               aug1=augment.parse(cfg.aug1), aug2=augment.parse(cfg.aug2),
+               meta={"tokenizer": tokenizer.to_str(), "base_model": str(cfg.model), "args": vars(cfg),
+                     "git": git_sha(), "pooling": cfg.eval_pooling, "method": cfg.loss})
+
+
+def view_layers(spec, n_hidden):
+    """Indices of the BERT_F hidden states (0 = embeddings .. l = last layer) that give views, from 'A:B'."""
+    layers = list(range(n_hidden))[layer_slice(spec)]
+    if not layers:
+        die(f"--layers {spec}: selects none of the {n_hidden} hidden states 0..{n_hidden - 1}")
+    return layers
 
 
 def param_groups(modules, weight_decay):
@@ -257,50 +496,17 @@ def git_sha():
         return "unknown"
 
 
-def sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
-def main(argv=None):
-    args = get_args(argv)
-    check_args(args)
-    rank, world, device = init_distributed(args)
-    args.precision = args.precision or ("bf16" if device.type == "cuda" else "fp32")
-    print(f"sgbert {git_sha()} | device {device}" + (f" x {world} processes" if world > 1 else "") + " | "
-          + " ".join(f"{k}={v}" for k, v in vars(args).items()))
-    run = setup(args, device, rank, world)
-    if args.eval_only:
-        return final_report(args, run.bert_F, run.tokenizer, run.data_dir, None, device)
-    with contextlib.ExitStack() as held:
-        keeper = None
-        if rank == 0:  # only rank 0 writes --out
-            try:
-                held.enter_context(bert.output_lock(args.out))  # one run per --out: a second one refuses in one line
-            except bert.OutputLocked as e:
-                die(str(e))
-            keeper = Keeper(args, run)
-        stop, stats = train_loop(args, run, keeper)
-        if world > 1:
-            # Every rank waits here with the GIL released, so gloo's worker threads can finish dropping the last
-            # collectives' tensors (which takes the GIL) before the process group is destroyed: its destructor
-            # joins those threads while holding the GIL, and a rank that got there first could hang at exit (!!)
-            dist.barrier()
-            dist.destroy_process_group()
-        return finish(args, run, keeper, stop, stats) if rank == 0 else None
-
-
-def init_distributed(args):
+def init_distributed(cfg):
     """-> (rank, world size, device). Under torchrun (WORLD_SIZE, RANK and LOCAL_RANK set): one process per device,
     NCCL on CUDA, gloo on CPU; only rank 0 prints. Otherwise one process: (0, 1, the --device)."""
-    cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+    cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
     world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
     if world == 1:
         return 0, 1, torch.device("cuda" if cuda else "cpu")
-    if args.batch_size % world:
-        die(f"--batch-size {args.batch_size} does not divide over {world} processes: it is the global batch, "
+    if cfg.batch_size % world:
+        die(f"--batch-size {cfg.batch_size} does not divide over {world} processes: it is the global batch, "
             f"split evenly (use a multiple of {world})")
-    if args.eval_only:
+    if cfg.eval_only:
         die("--eval-only runs in one process: run it with python, not torchrun")
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if cuda else torch.device("cpu")
     if cuda and device.index >= torch.cuda.device_count():
@@ -314,336 +520,207 @@ def init_distributed(args):
     return rank, world, device
 
 
-def setup(args, device, rank=0, world=1):
-    """Load everything up front (bad input fails before any work) and build BERT_F, BERT_T, the head, the optimizer."""
-    try:
-        bert_F = bert.Bert.from_pretrained(args.model)
-        tokenizer = bert.load_tokenizer(args.model, max_len=min(args.max_len, bert_F.config.max_position_embeddings))
-        data_dir = data.resolve_data_dir(args.data_dir, need_stsb=args.data == "stsb")  # --data FILE: no STS-B file needed
-        examples = data.training_sentences(args.data, data_dir)  # sentences, or (sentence, paraphrase) pairs
-        for task in data.TASKS if args.eval_all else ["STSBenchmark"]:  # fail now, not after training
-            data.load_task(task, data_dir)
-    except (bert.LoadError, data.DataError) as e:
-        die(str(e))
-    if len(examples) < 2:
-        die(f"--data {args.data}: {len(examples)} sentence(s); contrastive training needs at least 2")
-    if args.data == "stsb":
-        print("note: the STS-B dev and test sentences are part of the unlabelled training data, as in the paper "
-              "(no labels are used)")
-    method, cfg = METHODS[args.loss], bert_F.config
-    layers = view_layers(args.layers, cfg.num_hidden_layers + 1)
-    torch.manual_seed(args.seed)
-    # BERT_F: frozen, never in the autograd graph; BERT_T: a copy whose embedding block is frozen
-    bert_F = bert_F.to(device).train(args.teacher_dropout == "on").requires_grad_(False)
-    bert_T = copy.deepcopy(bert_F).train(args.dropout == "on").requires_grad_(True)
-    bert_T.embeddings.requires_grad_(False)
-    H = cfg.hidden_size
-    head = ("none" if args.no_proj else method.head)
-    head = {"proj": lambda: sg_loss.ProjectionHead(H, args.proj_size), "none": torch.nn.Identity,
-            "mlp": lambda: torch.nn.Sequential(torch.nn.Linear(H, H), torch.nn.Tanh())}[head]().to(device)
-    torch.manual_seed(args.seed + rank)  # dropout: each process its own masks (rank 0 = one process's stream)
-    T, f = bert_T, head  # what the step calls: DDP wrappers of BERT_T and f on several processes (never of BERT_F)
-    if world > 1:
-        ids = [device.index] if device.type == "cuda" else None
-        DDP = torch.nn.parallel.DistributedDataParallel  # rank 0's weights are broadcast to every process here
-        T = DDP(bert_T, device_ids=ids)
-        if any(p.requires_grad for p in head.parameters()):
-            f = DDP(head, device_ids=ids)
-    # eps: transformers.AdamW's default; fused: one kernel over all parameters (about 5x faster than the loop on CPU)
-    optimizer = torch.optim.AdamW(param_groups([bert_T, head], args.weight_decay), lr=args.lr, betas=(0.9, 0.9),
-                                  eps=1e-6, fused=True)
-    last = len(examples) % args.batch_size
-    n_batches = len(examples) // args.batch_size + (last - last % world >= max(2, world))  # see batches()
-    total = args.max_steps or args.epochs * n_batches
-    print(f"{len(examples)} {'pairs' if isinstance(examples[0], tuple) else 'sentences'} | {total} steps of "
-          f"{args.batch_size} | loss {args.loss} tau {args.tau} | side 2: {method.side2}"
-          + (f" views of hidden states {layers[0]}..{layers[-1]} ({len(layers)}), lam {args.lam}" if method.side2 == "BERT_F"
-             else f" | aug1 {args.aug1} aug2 {args.aug2}"))
-    return SimpleNamespace(
-        method=method, bert_F=bert_F, bert_T=bert_T, head=head, T=T, f=f, optimizer=optimizer, tokenizer=tokenizer,
-        data_dir=data_dir, examples=examples, layers=layers, total=total, device=device, rank=rank, world=world,
-        trainable=[p for g in optimizer.param_groups for p in g["params"]],
-        gen=torch.Generator().manual_seed(args.seed),  # the shuffle and layer sampling: the same on every process
-        aug_gen=torch.Generator().manual_seed(args.seed + rank),  # augmentations of this process's sentences
-        autocast=torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.precision == "bf16"),
-        aug1=views.parse(args.aug1), aug2=views.parse(args.aug2),
-        meta={"tokenizer": tokenizer.to_str(), "base_model": str(args.model), "args": vars(args), "git": git_sha(),
-              "pooling": args.eval_pooling, "method": args.loss})
+def main(argv=None):
+    cfg = resolve_config(get_args(argv))
+    check_config(cfg)
+    rank, world, device = init_distributed(cfg)
+    print(f"sgbert {git_sha()} | device {device}" + (f" x {world} processes" if world > 1 else "") + " | "
+          + " ".join(f"{k}={v}" for k, v in vars(cfg).items()))
+    run = setup(cfg, device, rank, world)
+    if cfg.eval_only:
+        return final_report(cfg, run.bert_F, run.tokenizer, run.data_dir, None, device)
+    with contextlib.ExitStack() as held:
+        keeper = None
+        if rank == 0:  # only rank 0 writes --out
+            try:
+                held.enter_context(checkpoint.output_lock(cfg.out))  # one run per --out: a second one refuses in one line
+            except checkpoint.OutputLocked as e:
+                die(e)
+            keeper = BestCheckpoint(run)
+        stop, stats = train_loop(run, keeper)
+        if world > 1:
+            # Every rank waits here with the GIL released, so gloo's worker threads can finish dropping the last
+            # collectives' tensors (which takes the GIL) before the process group is destroyed: its destructor
+            # joins those threads while holding the GIL, and a rank that got there first could hang at exit (!!)
+            dist.barrier()
+            dist.destroy_process_group()
+        return finish(run, keeper, stop, stats) if rank == 0 else None
+
+# -----------------------------------------------------------------------------
+# the command line
 
 
-def batches(args, run):
-    """Endless shuffled epochs of (side-1 sentences, side-2 sentences or None: the same): this process's share of
-    each global batch; the step count decides when to stop. Every process draws the same order. A short last batch
-    is cut to a multiple of the number of processes, and skipped below 2 sentences (no negatives)."""
-    while True:
-        perm = torch.randperm(len(run.examples), generator=run.gen).tolist()
-        for s in range(0, len(perm), args.batch_size):
-            idx = perm[s:s + args.batch_size]
-            idx = idx[:len(idx) - len(idx) % run.world]
-            if len(idx) >= max(2, run.world):
-                share = len(idx) // run.world
-                ex = [run.examples[i] for i in idx[run.rank * share:(run.rank + 1) * share]]
-                yield ([e[0] for e in ex], [e[1] for e in ex]) if isinstance(ex[0], tuple) else (ex, None)
-
-
-def sides(args, run, x1, x2):
-    """The two sides of the contrast, through the head, in fp32: z1 (b, p) and z2 ((b, L, p) for BERT_F's views,
-    else (b, p)). Also the time BERT_F took (no graph, no backward: timed apart)."""
-    def encode(model, ids, mask, aug):
-        return model(ids, mask, position_ids=aug.position_ids(mask, run.aug_gen),
-                     embedding_fn=aug.embedding_fn(mask, run.aug_gen))
-
-    t0 = time.perf_counter()
-    if run.method.side2 == "BERT_F":  # views h_ik: every selected hidden state of BERT_F, pooled over all tokens
-        with torch.no_grad(), run.autocast:
-            h = layer_views(lambda i, m: encode(run.bert_F, i, m, run.aug2), *x2, run.layers, args.view_pooling)  # (b, L, H)
-    sync(run.device); t_F = time.perf_counter() - t0
-    with run.autocast:
-        c = bert.pool(encode(run.T, *x1, run.aug1), x1[1], args.pooling)  # sentence vectors c_i (b, H)
-        if run.method.side2 == "BERT_F":
-            z1, z2 = project(run.f, c, h)  # one shared head f maps c and h
-        else:  # a second pass of BERT_T: other augmentation, other dropout mask
-            c2 = bert.pool(encode(run.T, *x2, run.aug2), x2[1], args.pooling)
-            z = run.f(torch.cat([c, c2]))
-            z1, z2 = z[:len(c)].float(), z[len(c):].float()
-    return z1, z2, t_F
-
-
-def train_step(args, run, step, x1, x2):
-    """One optimisation step, the same for every method. Returns loss, reg, grad norm and the time of each phase."""
-    sync(run.device); t0 = time.perf_counter()
-    z1, z2, t_F = sides(args, run, x1, x2)
-    t1 = time.perf_counter()
-    rows = None  # one process: every sentence is an anchor
-    if run.world > 1:
-        # Anchors are this process's rows, negatives the whole global batch: z1 and z2 of every process, gathered
-        # in rank order (sentence rank * b_local + i). Both carry a gradient, so both go through the autograd
-        # all_gather, whose backward returns each process the gradient of its rows from every process's loss:
-        # z1 = f(c) comes from BERT_T; z2 = f(h) comes from BERT_F's views without gradient, but the head f is
-        # trained (with --no-proj z2 = h has none, and the plain all_gather is used); for ConSERT / SimCSE z2 is a
-        # second pass of BERT_T. SG-OPT and OPT2 read only their own rows of z1 (the c_j are not negatives): the
-        # cost of gathering it anyway is b x p floats, 1/L of the views'. The head runs before the gather, on this
-        # process's rows only: nothing is computed twice, and the gather moves b(L+1) rows of p floats each way.
-        z1, z2 = gather(z1), gather(z2)
-        share = len(z1) // run.world
-        rows = slice(run.rank * share, (run.rank + 1) * share)
-    if run.method.one_view:  # one view per sentence, its layer sampled uniformly (the same draws on every process)
-        k = torch.randint(z2.shape[1], (z2.shape[0],), generator=run.gen).to(run.device)
-        z2 = z2[torch.arange(z2.shape[0], device=run.device), k]
-    loss = run.method.loss(z1, z2, args.tau, rows=rows)  # the mean over this process's anchors
-    sync(run.device); t2 = time.perf_counter()
-    run.optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    sync(run.device); t3 = time.perf_counter()
-    reg = torch.zeros(())
-    if run.method.side2 == "BERT_F":  # after DDP's all-reduce of the loss gradient: added once, on every process
-        # L^reg = lam * ||BERT_T - BERT_F||^2 enters as its gradient 2 lam (theta_T - theta_F): same update as
-        # backpropagating it, without an autograd graph over every weight (tests/test_sg_loss.py proves it)
-        reg = sg_loss.add_weight_distance_grad_(run.bert_T, run.bert_F, args.lam)
-    sync(run.device); t4 = time.perf_counter()
-    lr = get_lr(step, run.total, args.lr)
-    for g in run.optimizer.param_groups:
-        g["lr"] = lr
-    norm = torch.nn.utils.clip_grad_norm_(run.trainable, 1.0)
-    run.optimizer.step()
-    sync(run.device); t5 = time.perf_counter()
-    times = (t_F, (t1 - t0 - t_F) + (t3 - t2), t2 - t1, t4 - t3, t5 - t4)
-    return loss, reg, norm, lr, times
-
-
-def gather(x):
-    """x (b_local, ...) of every process, concatenated in rank order -> (b, ...). Autograd-aware when x carries a
-    gradient (torch.distributed.nn.functional.all_gather: its backward sums, over every process's loss, the
-    gradient of each process's own rows); the plain all_gather otherwise."""
-    if x.requires_grad:
-        with warnings.catch_warnings():  # torch 2.13 marks it deprecated for a private successor: keep the public one
-            warnings.simplefilter("ignore", FutureWarning)
-            return torch.cat(dist_nn.all_gather(x))
-    parts = [torch.empty_like(x) for _ in range(dist.get_world_size())]
-    dist.all_gather(parts, x.contiguous())
-    return torch.cat(parts)
-
-
-def agree(run, flag):
-    """Rank 0's decision (early stop, a failed evaluation), on every process: they stop together."""
-    if run.world == 1:
-        return flag
-    t = torch.tensor([float(flag)], device=run.device)
-    dist.broadcast(t, 0)
-    return bool(t.item())
-
-
-PHASES = ("BERT_F fwd", "BERT_T fwd+bwd", "loss", "reg", "optim")
-
-
-def train_loop(args, run, keeper):
-    """Steps, a log line every --log-every steps, a dev evaluation every --eval-every steps (and at steps 0 and the
-    last), the best checkpoint kept, early stop. Returns (why it stopped early or None, statistics)."""
-    stats = dict(phase=dict.fromkeys(PHASES, 0.0), history=[], scores=[], step=0, t_start=time.time())
-    data_iter = batches(args, run)
-    if args.overfit_batch:
-        data_iter = itertools.repeat(next(data_iter))
-    stop, step = None, 0
-    try:
-        evaluation(args, run, keeper, stats, 0)
-        t_log = time.time()
-        while step < run.total:
-            x1, x2 = next(data_iter)
-            x1 = bert.batch_tensors(run.tokenizer.encode_batch(x1), run.bert_T.config.pad_token_id, run.device)
-            x2 = x1 if x2 is None else bert.batch_tensors(run.tokenizer.encode_batch(x2), run.bert_T.config.pad_token_id, run.device)
-            loss, reg, norm, lr, times = train_step(args, run, step, x1, x2)
-            for key, dt in zip(PHASES, times):
-                stats["phase"][key] += dt
-            step = stats["step"] = step + 1
-            if step % args.log_every == 0 or step == run.total:
-                if run.world > 1:  # the global batch's loss: the mean over the processes' anchors
-                    dist.all_reduce(loss := loss.detach().clone())
-                    loss /= run.world
-                loss_v = loss.item()  # note: a CPU-GPU sync point, only at log time
-                stats["history"].append((step, loss_v))
-                if not math.isfinite(loss_v):
-                    stop = f"non-finite loss {loss_v} at step {step}"
-                    break
-                dt, t_log = (time.time() - t_log) / args.log_every, time.time()
-                eta = (run.total - step) * (time.time() - stats["t_start"]) / step
-                print(f"step {step}/{run.total} | loss {loss_v:.4f} | reg {reg.item():.2e} | norm {norm.item():.2f} "
-                      f"| lr {lr:.2e} | {1000 * dt:.0f} ms/step | {args.batch_size / dt:.0f} sent/s | ETA {eta / 60:.1f} min")
-            if step % args.eval_every == 0 or step == run.total:
-                stop = evaluation(args, run, keeper, stats, step)
-                t_log = time.time()  # the next log line times training steps, not this evaluation
-                if stop:
-                    break
-    except KeyboardInterrupt:
-        if keeper:
-            print(f"train.py: interrupted at step {step}; {keeper.kept()}", file=sys.stderr)
-        sys.exit(130)
-    return stop, stats
-
-
-def evaluation(args, run, keeper, stats, step):
-    """Rank 0: the dev score, the best checkpoint, the early-stop rule. Every process: stop now? (rank 0 decides;
-    the others wait for it here)."""
-    stop = None
-    if run.rank == 0:
-        dev = dev_score(args, run)
-        keeper.offer(step, dev)
-        stats["scores"].append(dev)
-        print(f"eval step {step} | STS-B dev {dev:.2f}"
-              + (f" | best {keeper.best['dev']:.2f} (step {keeper.best['step']})" if step else ""))
-        if early_stop(stats["scores"], args.early_stop, args.patience):
-            stop = f"early stop ({args.early_stop} rule, patience {args.patience})"
-    return (stop or "early stop (rank 0)") if agree(run, stop is not None) else None
-
-
-def dev_score(args, run):
-    return evaluate.stsb_spearman(run.bert_T, run.tokenizer, run.data_dir, "dev", pooling=args.eval_pooling,
-                                  batch_size=args.eval_batch_size)
-
-
-class Keeper:
-    """The best checkpoint: written to --out on each new best dev score, atomically. An existing --out (allowed by
-    --overwrite) is kept until this run has a checkpoint of its own: the step-0 weights (the base model) replace it
-    only at the end of a run in which nothing beat them."""
-
-    def __init__(self, args, run):
-        self.args, self.run = args, run
-        self.best = {"step": -1, "dev": -math.inf}  # the best evaluation so far
-        self.saved = {}  # the step and dev score of the checkpoint in --out, once this run has written one
-        self.keep_old = Path(args.out).exists()
-
-    def kept(self):  # what --out holds now, for the last line of a run that stops early
-        s, out = self.saved, self.args.out
-        return (f"the best checkpoint so far (step {s['step']}, dev {s['dev']:.2f}) is {out}" if s
-                else f"the previous {out} is kept" if self.keep_old else "no checkpoint was written")
-
-    def save(self, model, step, dev):
+def at_least(low, kind=int, why=""):
+    """An argparse type: a number of `kind` >= low (finite), else argparse's one-line error."""
+    def parse(s):
         try:
-            bert.save_checkpoint(self.args.out, model, {**self.run.meta, "best": {"step": step, "dev": dev}})
-        except OSError as e:  # e.g. a full disk: the file in place is intact (the write is atomic)
-            die(f"cannot write {self.args.out} ({e.strerror or e}); {self.kept()}")
-        self.saved = {"step": step, "dev": dev}  # only once the file is in place
-
-    def offer(self, step, dev):
-        if not math.isfinite(dev):  # never let a NaN score pick the "best" model
-            die(f"STS-B dev Spearman is {dev} at step {step} (constant sentence vectors?); {self.kept()}")
-        if dev > self.best["dev"]:
-            self.best = {"step": step, "dev": dev}
-            if step > 0 or not self.keep_old:  # step 0 is the base model: not worth replacing a file mid-run
-                self.save(self.run.bert_T, step, dev)
-
-    def finish(self):
-        if self.saved.get("step") != self.best["step"]:  # the base model stayed the best: it replaces the old file
-            self.save(self.run.bert_F, 0, self.best["dev"])  # (BERT_F holds the base weights)
+            v = kind(s)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{s!r} is not {'an integer' if kind is int else 'a number'}") from None
+        if not (math.isfinite(v) and v >= low):
+            rule = f"must be at least {low}" if kind is int else f"must be a finite number >= {low}"
+            raise argparse.ArgumentTypeError(f"{s}: {rule}" + (f" ({why})" if why else ""))
+        return v
+    return parse
 
 
-def finish(args, run, keeper, stop, stats):
-    """The final report on the best checkpoint, the JSON, the exit code."""
-    keeper.finish()
-    wall, step = time.time() - stats["t_start"], stats["step"]
-    if stop:
-        print(f"{stop}; {keeper.kept()}")
-    if step:
-        print(f"{step} steps in {wall / 60:.1f} min | ms/step: "
-              + " | ".join(f"{k} {1000 * v / step:.1f}" for k, v in stats["phase"].items()))
-    model = bert.Bert.from_pretrained(args.out).to(run.device)
-    result = final_report(args, model, run.tokenizer, run.data_dir, keeper.best, run.device)
-    result.update(steps=step, losses=stats["history"], wall_seconds=wall, stop=stop,
-                  ms_per_step={k: 1000 * v / max(step, 1) for k, v in stats["phase"].items()})
-    if args.json:
-        write_json(args.json, result)
-    if stop and stop.startswith("non-finite"):
-        sys.exit(1)
-    return result
+def positive(s):
+    v = at_least(0.0, float)(s)
+    if v == 0:
+        raise argparse.ArgumentTypeError(f"{s}: must be a finite number > 0")
+    return v
 
 
-def write_json(path, obj):
-    """Write obj as JSON atomically (a temp file renamed over path): a reader sees the old file or the new one.
-    NaN / inf become null, so the file is valid JSON."""
-    path = Path(path)
-    bert.clean_leftovers(path)  # what a killed run of ours left
-    tmp = bert.temp_path(path)
-    def finite(x):  # NaN / inf -> null: strict JSON
-        if isinstance(x, dict):
-            return {k: finite(v) for k, v in x.items()}
-        if isinstance(x, (list, tuple)):
-            return [finite(v) for v in x]
-        return None if isinstance(x, float) and not math.isfinite(x) else x
-    tmp.write_text(json.dumps(finite(obj), indent=2, allow_nan=False) + "\n")
-    os.replace(tmp, path)
+def seed_value(s):
+    v = at_least(0)(s)
+    if v >= 2 ** 63:
+        raise argparse.ArgumentTypeError(f"{s}: must be in 0 .. 2^63 - 1")
+    return v
 
 
-def layer_views(bert_F, ids, mask, layers, pooling="mean"):
-    """The views h_ik: BERT_F's hidden states `layers`, each pooled over all real tokens ([CLS]/[SEP] included)
-    -> (b, L, H)."""
-    hs = bert_F(ids, mask)
-    pool = bert.masked_mean if pooling == "mean" else lambda x, m: bert.pool([x], m, "max")
-    return torch.stack([pool(hs[k], mask) for k in layers], 1)
+def layer_slice(spec):
+    """'A:B' or 'A:B:C' -> slice over the hidden states; a bare number is refused (':5' and '5:6' say what they mean)."""
+    parts = spec.split(":")
+    try:
+        if not 2 <= len(parts) <= 3:
+            raise ValueError
+        s = slice(*[int(x) if x.strip() else None for x in parts])
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{spec}: expected a slice A:B such as 0:7, 1: or : (one layer k: k:k+1)") from None
+    if s.step == 0:
+        raise argparse.ArgumentTypeError(f"{spec}: the slice step must not be 0")
+    return s
 
 
-def project(head, c, h):
-    """One pass of the shared head f over c (b, H) and h (b, L, H) -> f(c) (b, p) and f(h) (b, L, p), in fp32."""
-    b, L, H = h.shape
-    z = head(torch.cat([c, h.reshape(b * L, H)]))
-    return z[:b].float(), z[b:].float().view(b, L, -1)
+def layers_flag(spec):
+    layer_slice(spec)
+    return spec  # kept as written: it is saved in the checkpoint's config
 
 
-def final_report(args, model, tokenizer, data_dir, best, device):
-    """STS-B dev and test Spearman of the best weights (the official code evaluates the last ones by mistake), and
-    the STS-B test inference time (the paper's Table 6)."""
-    kw = dict(pooling=args.eval_pooling, batch_size=args.eval_batch_size)
-    dev = evaluate.stsb_spearman(model, tokenizer, data_dir, "dev", **kw)
-    sync(device); t0 = time.perf_counter()
-    test = evaluate.stsb_spearman(model, tokenizer, data_dir, "test", **kw)
-    sync(device); test_seconds = time.perf_counter() - t0
-    what = "base model" if best is None else f"best checkpoint {args.out} (step {best['step']})"
-    print(f"{what} | STS-B dev {dev:.2f} | STS-B test {test:.2f} ({test_seconds:.1f} s)")
-    result = {"best_step": None if best is None else best["step"], "dev": dev, "test": test,
-              "test_seconds": test_seconds}
-    if args.eval_all:
-        table = evaluate.evaluate_model(model, tokenizer, data.TASKS, data_dir, **kw)
-        evaluate.print_table(table, data.TASKS, f"{args.out}: 7 STS tasks, {args.eval_pooling} pooling of the best checkpoint")
-        result["sts"] = table
-    return result
+def augmentation(spec):
+    try:
+        augment.parse(spec)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return spec
+
+
+def get_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[1].strip(),
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="example: python train.py --model bert-base-uncased --loss opt --out sg.safetensors")
+    p.error = die  # a bad flag is one line too (argparse would print the whole usage first)
+    add_method_flags(p.add_argument)
+    add_run_flags(p.add_argument)
+    args = p.parse_args(argv)
+    args.given = given_flags(p, argv)
+    return args
+
+
+def given_flags(parser, argv):
+    """The flags the user wrote (abbreviations too), whatever their values: the parser again with no defaults."""
+    bare = copy.deepcopy(parser)
+    for action in bare._actions:
+        action.default = argparse.SUPPRESS
+    return sorted(vars(bare.parse_args(argv)))
+
+
+def add_method_flags(a):
+    """The method and its hyperparameters; (method) marks a default taken from the method's own recipe."""
+    a("--model", default="bert-base-uncased", help="base model: a folder, our .safetensors, or a name in weights/<name>/ "
+      "(default: %(default)s)")
+    a("--loss", default="opt", choices=list(METHODS),
+      help="opt: SG-OPT over all b x (l+1) views (default); sg: NT-Xent; opt1/opt2: the paper's ablations (sg/opt1/opt2 "
+           "use one view per sentence, its layer sampled uniformly); consert, simcse: the other systems, each with its "
+           "own recipe's defaults for the flags marked (method)")
+    a("--tau", type=positive, help="temperature of the contrastive loss (method: 0.01 SG, 0.1 ConSERT, 0.05 SimCSE)")
+    a("--lam", type=at_least(0.0, float), default=0.1, help="weight of the regulariser ||BERT_T - BERT_F||^2 (SG family; "
+      "default: %(default)s)")
+    a("--lr", type=at_least(0.0, float), help="peak learning rate of AdamW (method: 5e-5 SG, 5e-7 ConSERT, 3e-5 SimCSE)")
+    a("--weight-decay", type=at_least(0.0, float), default=0.01,
+      help="AdamW weight decay on weights (not biases, not LayerNorm). code: 0.01 (default), paper: not stated")
+    a("--batch-size", type=at_least(2, why="the other sentences of the batch are the negatives"),
+      help="sentences per step (b); the other b-1 sentences are the negatives (method: 16 SG, 96 ConSERT, 64 SimCSE)")
+    a("--max-len", type=at_least(3, why="room for [CLS], one token and [SEP]"), help="tokens per sentence, [CLS]/[SEP] "
+      "included; longer ones are truncated (method: 128 SG, 64 ConSERT, 32 SimCSE)")
+    a("--dropout", choices=["on", "off"], help="BERT_T's own dropout in training (method: off for ConSERT, else on)")
+    a("--aug1", type=augmentation, help="augmentation of side 1's input (augment.py: none, shuffle, token-cutoff:R, "
+      "feature-cutoff:R, dropout:R; method: feature-cutoff:0.2 ConSERT, else none)")
+    a("--aug2", type=augmentation, help="augmentation of side 2's input (method: shuffle ConSERT, else none)")
+    a("--pooling", choices=bert.POOLINGS, help="BERT_T's sentence vector in training (method: mean ConSERT, else cls)")
+    a("--eval-pooling", choices=bert.POOLINGS, help="the sentence vector at evaluation, recorded in the checkpoint "
+      "(method: last2 ConSERT, else cls)")
+    a("--view-pooling", default="mean", choices=["mean", "max"],
+      help="how a layer of BERT_F is pooled into a view h_ik. code: mean (default), paper: max")
+    a("--teacher-dropout", default="on", choices=["on", "off"],
+      help="dropout in BERT_F while it makes the views. code: on (default; it stays in train mode), paper: not stated")
+    a("--layers", default=":", type=layers_flag,
+      help="which BERT_F hidden states give views, as a Python slice A:B over 0..l (default: all)")
+    a("--no-proj", action="store_true", help="ablation: no projection head f (the loss sees BERT vectors directly)")
+    a("--proj-size", type=at_least(1), default=4096, help="width of the projection head f (default: %(default)s)")
+
+
+def add_run_flags(a):
+    """Data, schedule, output, device."""
+    a("--data", default="stsb", help="'stsb' (all 17,256 STS-B sentences, as the official code; default), a text file "
+      "(one sentence per line), or a .tsv of pairs 'sentence<TAB>paraphrase': the paraphrase makes side 2 (BERT_F's "
+      "views for the SG family, the second view for ConSERT / SimCSE)")
+    a("--data-dir", default=None, help="data folder with senteval/ and stsbenchmark.tsv.gz (default $SG_DATA, else ./data)")
+    a("--epochs", type=at_least(1), default=1, help="passes over the training sentences (default: %(default)s)")
+    a("--max-steps", type=at_least(0), default=0, help="stop after this many steps (default 0: run the epochs)")
+    a("--eval-every", type=at_least(1), default=50, help="STS-B dev evaluation every N steps (and at step 0 and the "
+      "last step; default: %(default)s)")
+    a("--patience", type=at_least(0), default=10, help="early stop after N counted evaluations (0: never; default: "
+      "%(default)s); see --early-stop")
+    a("--early-stop", default="code", choices=["code", "best"],
+      help="code (default): count evaluations whose dev score fell below the previous evaluation's, over the whole "
+           "run (the official code); best: count evaluations since the last new best")
+    a("--out", default="sg.safetensors", help="where the best checkpoint is written (default: %(default)s)")
+    a("--overwrite", action="store_true", help="allow an existing --out; it is replaced only once this run has a "
+      "checkpoint to put in its place")
+    a("--json", default=None, help="write the final results to this JSON file")
+    a("--eval-all", action="store_true", help="at the end, evaluate the best checkpoint on all 7 STS tasks")
+    a("--eval-only", action="store_true", help="sanity check: evaluate the base model on STS-B dev/test (and all 7 "
+      "tasks with --eval-all) and exit, reproducing the paper's untrained [CLS] baseline")
+    a("--seed", type=seed_value, default=1, help="seed for the head init, the shuffle, layer sampling and dropout "
+      "(default: %(default)s)")
+    a("--device", default="auto", choices=["auto", "cpu", "cuda"], help="auto (default): cuda when available")
+    a("--precision", choices=["fp32", "bf16"], help="bf16: autocast of the encoders and the head (the similarity, "
+      "softmax, loss and regulariser stay fp32); default bf16 on CUDA, fp32 on CPU. The official code ran fp32")
+    a("--log-every", type=at_least(1), default=10, help="one log line every N steps (default: %(default)s)")
+    a("--overfit-batch", action="store_true", help="sanity check: train on the first batch over and over (loss must fall)")
+    a("--eval-batch-size", type=at_least(1), default=128, help="batch size of the dev-set encoding (default: %(default)s)")
+
+
+def resolve_config(args):
+    """The run's config, resolved once: the method's recipe for every flag not given, the precision for the device."""
+    m = METHODS[args.loss]
+    cfg = argparse.Namespace(**{k: v for k, v in vars(args).items() if k != "given"})
+    for k, v in {**DEFAULTS, "pooling": m.pooling, "eval_pooling": m.eval_pooling, **m.recipe}.items():
+        if getattr(cfg, k) is None:  # the method's recipe, unless a flag says otherwise
+            setattr(cfg, k, v)
+    cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
+    cfg.precision = cfg.precision or ("bf16" if cuda else "fp32")
+    if m.side2 != "BERT_F":
+        given = [k for k in SG_ONLY if k in args.given]
+        if given:
+            die(f"--{given[0].replace('_', '-')} means nothing for --loss {args.loss} (its side 2 is a second pass of "
+                f"BERT_T, not BERT_F's views): drop it")
+    return cfg
+
+
+def check_config(cfg):
+    """Refuse bad paths and devices before any work starts, with one line that names the problem."""
+    try:
+        cfg.eval_only or checkpoint.check_checkpoint_path(cfg.out, write=True)
+        cfg.json and checkpoint.check_output(cfg.json, ".json")
+    except checkpoint.LoadError as e:
+        die(e)
+    if Path(cfg.out).exists() and not cfg.overwrite and not cfg.eval_only:
+        die(f"--out {cfg.out} exists: pass --overwrite to replace it (it is kept until this run has a checkpoint of "
+            f"its own), or choose another --out")
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        die("--device cuda: no CUDA device is available (use --device cpu)")
 
 
 if __name__ == "__main__":

@@ -38,3 +38,34 @@ TINY = dict(vocab_size=120, hidden_size=32, num_hidden_layers=2, num_attention_h
 def tiny_config():
     """Keyword arguments of a tiny random BertConfig (2 layers, hidden 32)."""
     return dict(TINY)
+
+
+SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+
+
+def tiny_model_folder(folder, config=None, words=(), seed=0):
+    """The one tiny random model folder of the tests: config.json, model.safetensors (HF BertModel key names) and a
+    vocab.txt of the special tokens then `words` (each once, in order). Returns the folder as a Path."""
+    import json
+
+    import torch
+    from safetensors.torch import save_file
+
+    import bert
+    config = dict(config or TINY)
+    vocab = list(dict.fromkeys([*SPECIAL, *words]))
+    assert len(vocab) <= config["vocab_size"], f"{len(vocab)} words do not fit vocab_size {config['vocab_size']}"
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)
+    model = bert.Bert(bert.BertConfig(**config))
+    (folder / "config.json").write_text(json.dumps(config))
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(folder / "model.safetensors"))
+    (folder / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    return folder
+
+
+def save_model(path, model, meta):
+    """A Bert written as sgbert's checkpoint, as train.py writes one: its tensors, its config, the metadata."""
+    import checkpoint
+    checkpoint.save_checkpoint(path, model.tensors(), {"config": model.config.to_dict(), **meta})

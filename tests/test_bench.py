@@ -5,23 +5,15 @@ import json
 import numpy as np
 import pytest
 import torch
-from safetensors.torch import save_file
 
 import bench
-import bert
+from conftest import tiny_model_folder
 
 
 @pytest.fixture
 def tiny_folder(tiny_config, tmp_path):
     """A tiny model folder: config.json, model.safetensors and a vocab.txt that covers bench's synthetic words."""
-    (tmp_path / "config.json").write_text(json.dumps(tiny_config))
-    torch.manual_seed(0)
-    m = bert.Bert(bert.BertConfig(**tiny_config))
-    save_file({k: v.contiguous() for k, v in m.state_dict().items()}, str(tmp_path / "model.safetensors"))
-    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "."] + list(dict.fromkeys(bench.WORDS))
-    assert len(words) <= tiny_config["vocab_size"]
-    (tmp_path / "vocab.txt").write_text("\n".join(words) + "\n")
-    return str(tmp_path)
+    return str(tiny_model_folder(tmp_path, tiny_config, [".", *bench.WORDS]))
 
 
 def test_reference_step_matches_ours(tiny_folder):
@@ -52,7 +44,7 @@ def test_step_flops_and_bf16_step(tiny_folder):
 
 def test_epoch_section_runs_train_py_and_extrapolates(tiny_config, tmp_path, shared_data, monkeypatch):
     """bench.py epoch on a tiny shape (the section's bert-base shape swapped out): train.py runs the capped steps with
-    its dev evaluations, and the record holds the per-phase times and the extrapolated epoch."""
+    its dev evaluations, and the record holds the time per step and the extrapolated epoch."""
     vocab = tmp_path / "vocab"
     vocab.mkdir()
     (vocab / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "."] + list(dict.fromkeys(bench.WORDS))) + "\n")
@@ -63,7 +55,7 @@ def test_epoch_section_runs_train_py_and_extrapolates(tiny_config, tmp_path, sha
     bench.bench_epoch(results, args)
     row = results["epoch"]
     assert row["steps"] == 2 and row["evaluations"] == 2 and row["precision"] == "fp32"
-    assert set(row["ms_per_step"]) == {"BERT_F fwd", "BERT_T fwd+bwd", "loss", "reg", "optim"}
+    assert row["ms_per_step"] > 0  # one figure: the step is timed whole (the phases are the step section's)
     assert row["epoch_seconds_extrapolated"] > row["train_seconds"] > 0
 
 
@@ -92,7 +84,7 @@ def test_transfer_section_keeps_finished_tasks(tiny_folder, tmp_path, monkeypatc
     monkeypatch.setattr(bench, "senteval_dir", lambda: tmp_path / "senteval")
     monkeypatch.setattr(bench.data, "resolve_data_dir", lambda *a, **k: str(tmp_path))
     monkeypatch.setattr(bench.data, "load_transfer", lambda name, d: {"all": (sents, np.array([0, 1] * 4))})
-    monkeypatch.setattr(bench.evaluate, "transfer_task", ours)
+    monkeypatch.setattr(bench.transfer, "transfer_task", ours)
     monkeypatch.setattr(bench, "run_senteval", senteval)
     out = tmp_path / "bench.json"
     monkeypatch.setattr("sys.argv", ["bench.py", "--only", "transfer", "--transfer-tasks", "MR,CR", "--device", "cpu",

@@ -1,11 +1,5 @@
 """bert.py against its oracles: HF transformers.BertModel hidden states, HF tokenizers, hand-made bad checkpoints."""
-import http.server
 import json
-import os
-import subprocess
-import sys
-import threading
-from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +8,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import bert
-from bert import Bert, BertConfig, LoadError, batch_tensors, encode, load_tokenizer, pool, save_checkpoint
+import checkpoint
+from bert import Bert, BertConfig, LoadError, batch_tensors, encode, load_tokenizer, pool
+from conftest import save_model
 
 ROOT = Path(bert.__file__).resolve().parent
 
@@ -86,7 +82,7 @@ def test_bad_config_names_its_file(tiny_config, tiny_folder, tmp_path):
         Bert.from_pretrained(tiny_folder)
     m = tiny_model(tiny_config)
     m.config.hidden_dropout_prob = 2  # a config no checkpoint should hold, written anyway
-    save_checkpoint(tmp_path / "sg.safetensors", m, {})
+    save_model(tmp_path / "sg.safetensors", m, {})
     with pytest.raises(LoadError, match=r"sg.safetensors \(metadata 'config'\): config key 'hidden_dropout_prob' is 2"):
         Bert.from_pretrained(tmp_path / "sg.safetensors")
 
@@ -98,7 +94,7 @@ def test_bad_config_names_its_file(tiny_config, tiny_folder, tmp_path):
     ({"args": "{not json"}, "metadata 'args' is not valid JSON"),
 ])
 def test_metadata_of_the_wrong_json_type(tiny_config, tmp_path, meta, message):
-    save_checkpoint(tmp_path / "sg.safetensors", tiny_model(tiny_config), meta)
+    save_model(tmp_path / "sg.safetensors", tiny_model(tiny_config), meta)
     with pytest.raises(LoadError, match=message):
         Bert.from_pretrained(tmp_path / "sg.safetensors")
 
@@ -213,116 +209,13 @@ def test_not_safetensors_and_missing_files(tiny_folder, tmp_path):
 def test_checkpoint_roundtrip_is_bit_exact(tiny_config, tiny_folder, tmp_path):
     m = Bert.from_pretrained(tiny_folder)
     tok = bert.wordpiece_from_vocab(write_vocab(tmp_path / "vocab.txt"))
-    save_checkpoint(tmp_path / "sg.safetensors", m, {"tokenizer": tok.to_str(), "args": {"lam": 0.1}})
+    save_model(tmp_path / "sg.safetensors", m, {"tokenizer": tok.to_str(), "args": {"lam": 0.1}})
     assert not list(tmp_path.glob("*.tmp"))
     back = Bert.from_pretrained(tmp_path / "sg.safetensors")
     assert all(torch.equal(a, b) for a, b in zip(m.state_dict().values(), back.state_dict().values()))
-    meta = bert.read_metadata(tmp_path / "sg.safetensors")
+    meta = checkpoint.read_metadata(tmp_path / "sg.safetensors")
     assert meta["args"] == {"lam": 0.1} and meta["config"] == tiny_config
     assert load_tokenizer(tmp_path / "sg.safetensors").encode("a b").ids == tok.encode("a b").ids
-
-
-def test_same_model_and_meta_give_the_same_bytes(tiny_config, tmp_path):
-    m = tiny_model(tiny_config)
-    m.extra = {"pooler.dense.weight": torch.randn(32, 32, dtype=torch.bfloat16),
-               "pooler.dense.bias": torch.randn(32, dtype=torch.float16)}
-    tok = bert.wordpiece_from_vocab(write_vocab(tmp_path / "vocab.txt"))
-    meta = {"tokenizer": tok.to_str(), "base_model": "tiny", "git": "abc", "args": {"lr": 1e-5, "lam": 0.1, "out": "x"},
-            "best": {"step": 3, "dev": 71.5}}
-    save_checkpoint(tmp_path / "a.safetensors", m, meta)
-    shuffled = dict(reversed(meta.items()), args=dict(reversed(meta["args"].items())))
-    save_checkpoint(tmp_path / "b.safetensors", m, shuffled)
-    a, b = (tmp_path / "a.safetensors").read_bytes(), (tmp_path / "b.safetensors").read_bytes()
-    assert a == b  # safetensors' own writer gave a different metadata order on every save
-    assert int.from_bytes(a[:8], "little") % 8 == 0
-    # safetensors' reader is the oracle of the hand-written format: every tensor and dtype, the metadata
-    back = load_file(str(tmp_path / "a.safetensors"))
-    assert back.keys() == {**m.state_dict(), **m.extra}.keys()
-    for k, v in {**m.state_dict(), **m.extra}.items():
-        assert back[k].dtype == v.dtype and torch.equal(back[k], v), k
-    got = bert.read_metadata(tmp_path / "a.safetensors")
-    assert got["args"] == meta["args"] and got["best"] == meta["best"] and got["tokenizer"] == meta["tokenizer"]
-    back = Bert.from_pretrained(tmp_path / "a.safetensors")
-    assert all(torch.equal(back.extra[k], v) for k, v in m.extra.items())
-
-
-def test_interrupted_save_keeps_the_old_checkpoint(tiny_config, tmp_path, monkeypatch):
-    path = tmp_path / "sg.safetensors"
-    save_checkpoint(path, tiny_model(tiny_config), {})
-    before = path.read_bytes()
-
-    def half_then_ctrl_c(f, tensors, meta):
-        f.write(b"half a checkpoint")
-        raise KeyboardInterrupt
-    monkeypatch.setattr(bert, "write_safetensors", half_then_ctrl_c)
-    with pytest.raises(KeyboardInterrupt):
-        save_checkpoint(path, tiny_model(tiny_config, seed=1), {})
-    assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["sg.safetensors"]
-
-
-def test_save_removes_only_leftovers_of_dead_runs(tiny_config, tmp_path):
-    dead = [subprocess.Popen([sys.executable, "-c", "pass"]) for _ in range(2)]
-    for p in dead:
-        p.wait()
-    d1, d2 = (p.pid for p in dead)  # no process has these pids now: what they left is garbage
-    alive = os.getppid()
-    keep = [f".sg.safetensors.{alive}.tmp",  # a live writer's
-            ".sg.safetensors-k2j4x9.tmp", f".other.safetensors.{d1}.tmp", f"sg.safetensors.{d1}.tmp",  # not ours
-            f".sg.safetensors.{d1}.lock"]  # not a temp file: output_lock's, which deals with it itself
-    for name in keep + [f".sg.safetensors.{d1}.tmp"]:
-        (tmp_path / name).write_bytes(b"x")
-    (tmp_path / f".sg.safetensors.{d2}.tmp").mkdir()  # a killed export's folder
-    (tmp_path / f".sg.safetensors.{d2}.tmp" / "config.json").write_bytes(b"x")
-    save_checkpoint(tmp_path / "sg.safetensors", tiny_model(tiny_config), {})
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(keep + ["sg.safetensors"])
-
-
-def test_check_checkpoint_path(tmp_path):
-    (tmp_path / "sg.safetensors").write_bytes(b"x")
-    (tmp_path / "d.safetensors").mkdir()
-    assert bert.check_checkpoint_path(tmp_path / "sg.safetensors") == tmp_path / "sg.safetensors"
-    assert bert.check_checkpoint_path(tmp_path / "new.safetensors", write=True) == tmp_path / "new.safetensors"
-    for path, write, problem in [("", False, "is empty"), (" ", True, "is empty"), (tmp_path, True, "is a folder"),
-                                 (tmp_path / "d.safetensors", False, "is a folder"),
-                                 (tmp_path / "sg.pt", True, "does not end in .safetensors"),
-                                 (tmp_path / "new.safetensors", False, "not found"),
-                                 (tmp_path / "no/sg.safetensors", True, "is in a folder that does not exist")]:
-        with pytest.raises(LoadError, match=f"^checkpoint path '.*' {problem}"):
-            bert.check_checkpoint_path(path, write=write)
-    with pytest.raises(LoadError, match="d.safetensors' is a folder"):
-        Bert.from_pretrained(tmp_path / "d.safetensors")
-
-
-# -----------------------------------------------------------------------------
-# one process per output
-
-
-def test_output_lock_one_process_per_output(tmp_path):
-    out = tmp_path / "sg.safetensors"
-    lock = tmp_path / ".sg.safetensors.lock"
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time, bert\nwith bert.output_lock(sys.argv[1]):\n"
-                               "    print('locked', flush=True)\n    time.sleep(60)", str(out)],
-                              cwd=ROOT, stdout=subprocess.PIPE, text=True)
-    try:
-        assert holder.stdout.readline().strip() == "locked"
-        busy = f"^{out} is being written by another process \\(pid {holder.pid}\\); wait for it"
-        with pytest.raises(bert.OutputLocked, match=busy):
-            with bert.output_lock(out):
-                pass
-    finally:
-        holder.kill()  # kill -9: no clean-up of its own, its lock file stays
-        holder.wait()
-    assert lock.read_text().strip() == str(holder.pid)
-    with bert.output_lock(out):  # the dead process's lock is taken over
-        assert lock.read_text() == f"{os.getpid()}\n"
-        with pytest.raises(bert.OutputLocked, match=f"pid {os.getpid()}"):  # not re-entrant, even in one process
-            with bert.output_lock(out):
-                pass
-    assert not lock.exists()
-    lock.write_text("garbage")  # a lock file nobody holds, whatever it says
-    with bert.output_lock(out):
-        pass
-    assert not lock.exists()
 
 
 def write_vocab(path):
@@ -390,12 +283,12 @@ TINY_VOCAB_10 = dict(vocab_size=10, hidden_size=32, num_hidden_layers=2, num_att
 
 def test_tokenizer_in_a_checkpoint(tiny_config, tmp_path):
     m = tiny_model(tiny_config)
-    save_checkpoint(tmp_path / "garbage.safetensors", m, {"tokenizer": "garbage"})
+    save_model(tmp_path / "garbage.safetensors", m, {"tokenizer": "garbage"})
     with pytest.raises(LoadError, match=r"garbage.safetensors \(metadata 'tokenizer'\): not a valid tokenizer \("):
         load_tokenizer(tmp_path / "garbage.safetensors")
     tok = bert.wordpiece_from_vocab(write_vocab(tmp_path / "vocab.txt"))
     m.config.vocab_size = 12  # one row short of the tokenizer's 13 ids (the model's tensors do not matter here)
-    save_checkpoint(tmp_path / "short.safetensors", m, {"tokenizer": tok.to_str()})
+    save_model(tmp_path / "short.safetensors", m, {"tokenizer": tok.to_str()})
     with pytest.raises(LoadError, match="gives ids up to 12 but the model's vocab_size is 12"):
         load_tokenizer(tmp_path / "short.safetensors")
 
@@ -437,50 +330,3 @@ def test_pool_masks_padding():
     assert pool(hs, mask, "cls").tolist() == [[1.0, 5.0]]
 
 
-# -----------------------------------------------------------------------------
-# name resolution and download (against a local HTTP server, never the real hub)
-
-
-def test_download_from_hub_layout(tiny_folder, tmp_path, monkeypatch):
-    hub = tmp_path / "hub" / "org" / "tiny" / "resolve" / "main"
-    hub.mkdir(parents=True)
-    for f in ("config.json", "model.safetensors"):
-        (hub / f).write_bytes((tiny_folder / f).read_bytes())
-    write_vocab(hub / "vocab.txt")  # no tokenizer.json on the "hub": the vocab.txt fallback is fetched
-    handler = partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path / "hub"))
-    handler.log_message = lambda *a: None
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    monkeypatch.setattr(bert, "HF_ENDPOINT", f"http://127.0.0.1:{server.server_port}")
-    monkeypatch.setattr(bert, "WEIGHTS", tmp_path / "weights")
-    try:
-        m = Bert.from_pretrained("org/tiny")
-        tok = load_tokenizer("org/tiny")
-    finally:
-        server.shutdown()
-    assert sorted(p.name for p in (tmp_path / "weights/org/tiny").iterdir()) == ["config.json", "model.safetensors", "vocab.txt"]
-    assert not [p for p in (tmp_path / "weights/org").iterdir() if p.name.startswith(".")]  # no temp folder left
-    assert tok.encode("the man").ids == [2, 7, 8, 3]
-    assert torch.equal(m.embeddings.word_embeddings.weight, Bert.from_pretrained(tiny_folder).embeddings.word_embeddings.weight)
-
-
-@pytest.mark.parametrize("name", ["a/../../escaped", "org/../../../tmp/x", "org/..", "a//b", "a/./b", "a\\..\\b",
-                                  "~/x", "org/name/", "-rf", "org/.hidden", "$HOME"])
-def test_model_names_stay_inside_weights(name, tmp_path, monkeypatch):
-    monkeypatch.setattr(bert, "HF_ENDPOINT", "http://127.0.0.1:9")  # nothing may be fetched either
-    monkeypatch.setattr(bert, "WEIGHTS", tmp_path / "weights")
-    monkeypatch.chdir(tmp_path)
-    with pytest.raises(LoadError, match=r"not found, and it is not a model name \(org/name: letters, digits"):
-        Bert.from_pretrained(name)
-    assert list(tmp_path.iterdir()) == []  # no folder made, inside weights/ or out of it
-
-
-def test_offline_name_says_which_folder_to_fill(tmp_path, monkeypatch):
-    monkeypatch.setattr(bert, "HF_ENDPOINT", "http://127.0.0.1:9")  # discard port: connection refused at once
-    monkeypatch.setattr(bert, "WEIGHTS", tmp_path / "weights")
-    with pytest.raises(LoadError) as e:
-        Bert.from_pretrained("bert-base-uncased")
-    msg = str(e.value)
-    assert str(tmp_path / "weights" / "bert-base-uncased") in msg and "model.safetensors" in msg and "config.json" in msg
-    assert not (tmp_path / "weights" / "bert-base-uncased").exists()
-    assert not list((tmp_path / "weights").iterdir())  # no half-written folder

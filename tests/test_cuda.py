@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import bert
+import checkpoint
 import evaluate
 import sg_loss
 from test_distributed import no_dropout
@@ -47,16 +48,16 @@ def test_training_on_cuda(world, precision):
     assert all(torch.isfinite(torch.tensor(l)) for _, l in gpu["losses"])
     tol = 1e-4 if precision == "fp32" else 2e-2
     assert abs(gpu["losses"][0][1] - cpu["losses"][0][1]) <= tol * max(1.0, abs(cpu["losses"][0][1]))
-    meta = bert.read_metadata(world["out"])
+    meta = checkpoint.read_metadata(world["out"])
     assert meta["args"]["precision"] == precision and meta["args"]["device"] == "cuda"
     m, tok = bert.Bert.from_pretrained(world["out"]), bert.load_tokenizer(world["out"])  # on the CPU
-    assert evaluate.stsb_spearman(m, tok, world["data"], "dev") == pytest.approx(gpu["dev"], abs=1e-2)
+    assert evaluate.stsb_spearman(evaluate.sentence_vectors(m, tok), world["data"], "dev") == pytest.approx(gpu["dev"], abs=1e-2)
 
 
 def test_evaluation_on_cuda_equals_cpu(world):
     m, tok = bert.Bert.from_pretrained(world["model"]).eval(), bert.load_tokenizer(world["model"])
     for pooling in ("cls", "mean"):
-        cpu = evaluate.stsb_spearman(m, tok, world["data"], "dev", pooling=pooling)
-        gpu = evaluate.stsb_spearman(m.cuda(), tok, world["data"], "dev", pooling=pooling)
+        cpu = evaluate.stsb_spearman(evaluate.sentence_vectors(m, tok, pooling), world["data"], "dev")
+        gpu = evaluate.stsb_spearman(evaluate.sentence_vectors(m.cuda(), tok, pooling), world["data"], "dev")
         m.cpu()
         assert gpu == pytest.approx(cpu, abs=1e-3)

@@ -21,6 +21,7 @@ import bert
 import data
 import evaluate
 from data import STSB_FILE, DataError
+from conftest import tiny_model_folder, save_model
 
 ROOT = Path(__file__).resolve().parents[1]
 HEADER_STSB = "split\tgenre\tdataset\tyear\tsid\tscore\tsentence1\tsentence2"
@@ -98,17 +99,8 @@ def tiny_data(tmp_path):
 @pytest.fixture
 def tiny_model(tmp_path, tiny_config):
     """A random tiny BERT saved as a model folder (config.json, model.safetensors, vocab.txt)."""
-    from safetensors.torch import save_file
-    torch.manual_seed(0)
-    model = bert.Bert(bert.BertConfig(**tiny_config)).eval()
-    folder = tmp_path / "tiny-bert"
-    folder.mkdir()
-    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "anchor", "unscored", "left", "right"]
-    words += [f"w{i}" for i in range(10)] + [f"x{i}" for i in range(10)]
-    (folder / "vocab.txt").write_text("\n".join(words) + "\n")
-    (folder / "config.json").write_text(json.dumps(tiny_config))
-    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(folder / "model.safetensors"))
-    return folder
+    words = ["anchor", "unscored", "left", "right"] + [f"w{i}" for i in range(10)] + [f"x{i}" for i in range(10)]
+    return tiny_model_folder(tmp_path / "tiny-bert", tiny_config, words)
 
 
 def run_cli(*args, env=None):
@@ -147,18 +139,17 @@ def test_cosine_vs_torch():
     np.testing.assert_allclose(evaluate.cosine(a, b), ref.numpy(), atol=1e-12)
 
 
-def test_evaluate_model_hand_values(tiny_data, monkeypatch):
+def test_evaluate_sts_hand_values(tiny_data, monkeypatch):
     root, _, vec = tiny_data
     calls = []
 
-    def fake_encode(model, tokenizer, sentences, pooling="cls", layer=-1, batch_size=64):
+    def fake_vectors(sentences):
         calls.append(list(sentences))
         assert len(set(sentences)) == len(sentences), "a sentence was encoded twice"
         return np.stack([vec[s] for s in sentences]).astype(np.float32)  # KeyError = an unscored pair was encoded
 
-    monkeypatch.setattr(bert, "encode", fake_encode)
     tasks = data.TASKS
-    res = evaluate.evaluate_model(None, None, tasks, root)
+    res = evaluate.evaluate_sts(fake_vectors, tasks, root)
     assert len(calls) == len(tasks)  # one encode call per task, over its distinct sentences
     assert calls[1].count("anchor") == 1 and len(calls[1]) == 1 + 9  # STS13: the anchor once, then 9 partners
     assert res["STS13"] == pytest.approx(HAND_EXPECTED, abs=1e-9)
@@ -168,14 +159,14 @@ def test_evaluate_model_hand_values(tiny_data, monkeypatch):
     assert res["STS12"] == pytest.approx({p: generic for p in evaluate.PROTOCOLS}, abs=1e-9)
     for p in evaluate.PROTOCOLS:
         assert res["avg"][p] == pytest.approx(np.mean([res[t][p] for t in tasks]))
-    assert res["pooling"] == "cls" and res["sentences"] == sum(map(len, calls))
+    assert res["sentences"] == sum(map(len, calls))
 
 
-def test_evaluate_model_vs_pairwise_oracle(tiny_data, tiny_model):
-    """A real (random) model: evaluate_model's dedup + mapping + protocols vs encoding every pair on its own."""
+def test_evaluate_sts_vs_pairwise_oracle(tiny_data, tiny_model):
+    """A real (random) model: evaluate_sts's dedup + mapping + protocols vs encoding every pair on its own."""
     root = tiny_data[0]
     model, tok = bert.Bert.from_pretrained(tiny_model), bert.load_tokenizer(tiny_model)
-    res = evaluate.evaluate_model(model, tok, data.TASKS, root, pooling="mean", layer=1)
+    res = evaluate.evaluate_sts(evaluate.sentence_vectors(model, tok, "mean", layer=1), data.TASKS, root)
     for name in data.TASKS:
         sims, golds = [], []
         for s1, s2, gold in data.load_task(name, root).values():
@@ -187,8 +178,9 @@ def test_evaluate_model_vs_pairwise_oracle(tiny_data, tiny_model):
         assert res[name]["all"] == pytest.approx(100 * spearmanr(np.concatenate(sims), np.concatenate(golds)).statistic)
         assert res[name]["wmean"] == pytest.approx(np.average(rhos, weights=[len(g) for g in golds]))
         assert res[name]["mean"] == pytest.approx(np.mean(rhos))
-    test = evaluate.stsb_spearman(model, tok, root, split="test", pooling="mean")
-    assert test == pytest.approx(evaluate.evaluate_model(model, tok, ["STSBenchmark"], root, "mean")["avg"]["all"])
+    vectors = evaluate.sentence_vectors(model, tok, "mean")
+    test = evaluate.stsb_spearman(vectors, root, split="test")
+    assert test == pytest.approx(evaluate.evaluate_sts(vectors, ["STSBenchmark"], root)["avg"]["all"])
 
 
 def test_layerwise_matches_one_encode_per_layer(tiny_data, tiny_model):
@@ -210,8 +202,10 @@ def test_cli_json_and_layerwise(tiny_data, tiny_model, tmp_path, capsys):
     evaluate.main(["--model", str(tiny_model), "--data-dir", str(root), "--json", str(out),
                    "--tasks", "STS13", "SICK-R"])
     res = json.loads(out.read_text())
-    assert set(res) >= {"STS13", "SICKRelatedness", "avg", "model", "pooling", "seconds"}
-    assert set(res["STS13"]) == {"all", "wmean", "mean"}
+    assert set(res) == {"model", "device", "pooling", "layer", "sts", "transfer", "layerwise"}  # one shape, always
+    assert res["transfer"] is None and res["layerwise"] is None
+    assert set(res["sts"]) >= {"STS13", "SICKRelatedness", "avg", "seconds"}
+    assert set(res["sts"]["STS13"]) == {"all", "wmean", "mean"}
     printed = capsys.readouterr().out
     assert "STS13" in printed and "SICK-R" in printed and "avg" in printed
 
@@ -450,7 +444,7 @@ def test_minilm_cli_vs_transformers(minilm_path, tiny_data, tmp_path):
             sims.append(torch.nn.functional.cosine_similarity(embed(s1), embed(s2)).numpy())
             golds.append(gold)
         rho = 100 * spearmanr(np.concatenate(sims), np.concatenate(golds)).statistic
-        assert res[name]["all"] == pytest.approx(rho, abs=1e-3), name
+        assert res["sts"][name]["all"] == pytest.approx(rho, abs=1e-3), name
 
 # -----------------------------------------------------------------------------
 # the checkpoint's pooling, Figure 5
@@ -458,7 +452,7 @@ def test_minilm_cli_vs_transformers(minilm_path, tiny_data, tmp_path):
 
 def tiny_ckpt(tiny_model, path, **meta):
     model, tok = bert.Bert.from_pretrained(tiny_model), bert.load_tokenizer(tiny_model)
-    bert.save_checkpoint(path, model, {"tokenizer": tok.to_str(), "base_model": str(tiny_model), **meta})
+    save_model(path, model, {"tokenizer": tok.to_str(), "base_model": str(tiny_model), **meta})
     return path
 
 
@@ -483,14 +477,14 @@ def test_pairs_2d_takes_the_first_gold_5_and_gold_0_pairs(tiny_model, monkeypatc
     s1, s2 = [f"w{i} x{i}" for i in range(8)], [f"x{i} w{9 - i}" for i in range(8)]
     monkeypatch.setattr(evaluate, "load_stsb", lambda split, d: (s1, s2, gold))
     model, tok = bert.Bert.from_pretrained(tiny_model), bert.load_tokenizer(tiny_model)
-    pos, neg = evaluate.sts_pairs_2d(model, tok, None, "mean", n=2)
+    pos, neg = evaluate.sts_pairs_2d(evaluate.sentence_vectors(model, tok, "mean"), None, n=2)
     idx = [0, 3, 2, 4]  # the first two of each
     v = bert.encode(model, tok, [s1[i] for i in idx] + [s2[i] for i in idx], pooling="mean")
     xy = evaluate.pca_2d(v / np.linalg.norm(v, axis=1, keepdims=True))
     np.testing.assert_allclose(pos, np.stack([xy[[0, 4]], xy[[1, 5]]]), atol=1e-10)
     np.testing.assert_allclose(neg, np.stack([xy[[2, 6]], xy[[3, 7]]]), atol=1e-10)
     with pytest.raises(data.DataError, match="the plot needs 4 each"):
-        evaluate.sts_pairs_2d(model, tok, None, "mean", n=4)
+        evaluate.sts_pairs_2d(evaluate.sentence_vectors(model, tok, "mean"), None, n=4)
 
 
 @pytest.mark.parametrize("flags, message", [(["--pairs-plot", "f.png"], "give --ckpt"),

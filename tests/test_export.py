@@ -1,4 +1,4 @@
-"""bert.py export against its oracles: HF transformers.AutoModel / AutoTokenizer and sentence-transformers load the
+"""export.py against its oracles: HF transformers.AutoModel / AutoTokenizer and sentence-transformers load the
 folder and reproduce our vectors; Bert.from_pretrained reads it back bit-exact; the CLI refuses to clobber a folder."""
 import io
 import json
@@ -14,9 +14,12 @@ import pytest
 import torch
 
 import bert
+import checkpoint
 import export as export_py
-from bert import Bert, BertConfig, batch_tensors, encode, load_tokenizer, read_metadata, save_checkpoint
+from bert import Bert, BertConfig, batch_tensors, encode, load_tokenizer
+from checkpoint import read_metadata
 from export import export
+from conftest import save_model
 
 EXPORT_PY = str(Path(export_py.__file__).resolve())
 ROOT = Path(EXPORT_PY).parent
@@ -66,7 +69,7 @@ def tiny_ckpt(tiny_config, tmp_path):
     m.extra = {"pooler.dense.weight": torch.randn(32, 32), "pooler.dense.bias": torch.randn(32)}
     (tmp_path / "vocab.txt").write_text("\n".join(WORDS) + "\n")
     tok = bert.wordpiece_from_vocab(tmp_path / "vocab.txt")
-    save_checkpoint(tmp_path / "sg.safetensors", m, {"tokenizer": tok.to_str()})
+    save_model(tmp_path / "sg.safetensors", m, {"tokenizer": tok.to_str()})
     return tmp_path / "sg.safetensors", m, tok
 
 
@@ -104,7 +107,7 @@ def test_export_files_and_roundtrip(tiny_ckpt, tmp_path):
 def test_readme_reports_training(tiny_ckpt, tmp_path):
     ckpt, m, tok = tiny_ckpt
     args = {"loss": "sg-opt", "tau": 0.01, "lam": 0.1, "lr": 1e-5, "batch_size": 16, "max_len": 48}
-    save_checkpoint(ckpt, m, {"tokenizer": tok.to_str(), "base_model": "tiny-bert", "args": args,
+    save_model(ckpt, m, {"tokenizer": tok.to_str(), "base_model": "tiny-bert", "args": args,
                               "best": {"step": 350, "dev": 81.2}})
     out = export(ckpt, tmp_path / "out")
     readme = (out / "README.md").read_text()
@@ -152,25 +155,17 @@ def test_cli_refuses_non_empty_and_force_replaces(tiny_ckpt, tmp_path):
     assert not (tmp_path / "x").exists()
 
 
-def test_bert_py_export_still_works(tiny_ckpt, tmp_path):
-    ckpt, m, _ = tiny_ckpt
-    r = subprocess.run([sys.executable, str(ROOT / "bert.py"), "export", ckpt, tmp_path / "out"],
-                       capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
-    assert same_weights(Bert.from_pretrained(tmp_path / "out"), m)
-
-
 def test_refuses_non_finite_weights_and_caps_the_length(tiny_ckpt, tmp_path, capsys):
     ckpt, m, tok = tiny_ckpt
     for max_len, want in [(1000, 64), ("48", 64), (-1, 64), (None, 64), (32, 32)]:  # 64 = max_position_embeddings
-        save_checkpoint(ckpt, m, {"tokenizer": tok.to_str(), "args": {"max_len": max_len}})
+        save_model(ckpt, m, {"tokenizer": tok.to_str(), "args": {"max_len": max_len}})
         out = export(ckpt, tmp_path / f"out-{max_len}")
         assert json.loads((out / "tokenizer_config.json").read_text())["model_max_length"] == want
         assert json.loads((out / "sentence_bert_config.json").read_text())["max_seq_length"] == want
     with torch.no_grad():
         m.encoder.layer[1].output.dense.weight[3, 4] = float("nan")
         m.extra["pooler.dense.bias"][0] = float("inf")
-    save_checkpoint(ckpt, m, {"tokenizer": tok.to_str()})
+    save_model(ckpt, m, {"tokenizer": tok.to_str()})
     with pytest.raises(SystemExit) as e:
         export_py.main([str(ckpt), str(tmp_path / "nan")])
     err = capsys.readouterr().err
@@ -202,13 +197,13 @@ def replaced(tiny_ckpt, tmp_path):
     ckpt, m, tok = tiny_ckpt
     out = export(ckpt, tmp_path / "out")
     torch.manual_seed(1)
-    save_checkpoint(tmp_path / "other.safetensors", Bert(m.config), {"tokenizer": tok.to_str()})
+    save_model(tmp_path / "other.safetensors", Bert(m.config), {"tokenizer": tok.to_str()})
     return out, snapshot(out), tmp_path / "other.safetensors"
 
 
 def test_second_export_to_one_folder_refuses(replaced, tmp_path):
     out, before, other = replaced
-    with bert.output_lock(out):  # an export (or train.py) of this process is writing out
+    with checkpoint.output_lock(out):  # an export (or train.py) of this process is writing out
         r = cli(other, out, "--force")
     assert r.returncode == 2 and "Traceback" not in r.stderr and len(r.stderr.strip().split("\n")) == 1
     assert r.stderr.startswith(f"error: {out} is being written by another process (pid {os.getpid()}); wait for it")
@@ -304,12 +299,13 @@ def test_export_killed_after_the_swap_leaves_the_new_folder(replaced, tiny_ckpt,
 
 
 CTRL_C_MID_EXPORT = """
-import os, signal, sys, bert, export
-save = bert.save_checkpoint
+import os, signal, sys, checkpoint, export
+save = checkpoint.save_checkpoint
 def save_then_ctrl_c(*args, **kwargs):
     save(*args, **kwargs)
     os.kill(os.getpid(), signal.SIGINT)  # a real Ctrl-C: the new folder is written, not yet in place
-bert.save_checkpoint = save_then_ctrl_c
+checkpoint.save_checkpoint = save_then_ctrl_c
+signal.signal(signal.SIGINT, signal.default_int_handler)
 export.main(sys.argv[1:])
 """
 
@@ -322,10 +318,11 @@ def test_ctrl_c_mid_export_is_one_line_and_exit_130(replaced, tmp_path):
 
 
 def test_ctrl_c_while_torch_loads(tmp_path):
-    (tmp_path / "torch.py").write_text("raise KeyboardInterrupt  # as if Ctrl-C landed in the middle of import torch\n")
+    (tmp_path / "torch.py").write_text("import os, signal, time\n"  # a real Ctrl-C in the middle of import torch
+                                       "os.kill(os.getpid(), signal.SIGINT)\ntime.sleep(10)\n")
     r = subprocess.run([sys.executable, EXPORT_PY, "a.safetensors", tmp_path / "out"], capture_output=True, text=True,
                        env={**os.environ, "PYTHONPATH": str(tmp_path)})
-    assert r.returncode == 130 and r.stderr == "interrupted\n", r.stderr
+    assert r.returncode == 130 and r.stderr == "export.py: interrupted\n", r.stderr
 
 
 # -----------------------------------------------------------------------------
@@ -370,7 +367,7 @@ def exported(minilm_path, tmp_path_factory):
         m.encoder.layer[5].output.dense.bias.add_(0.05)
         m.extra["pooler.dense.weight"] = m.extra["pooler.dense.weight"] + 0.01
     args = {"loss": "sg-opt", "tau": 0.01, "lam": 0.1, "lr": 1e-5, "batch_size": 16, "max_len": 64}
-    save_checkpoint(d / "sg.safetensors", m, {"tokenizer": tok.to_str(), "base_model": "all-MiniLM-L6-v2",
+    save_model(d / "sg.safetensors", m, {"tokenizer": tok.to_str(), "base_model": "all-MiniLM-L6-v2",
                                               "args": args, "best": {"step": 350, "dev": 81.2}})
     r = cli(d / "sg.safetensors", d / "out")
     assert r.returncode == 0, r.stderr
@@ -435,7 +432,7 @@ def test_long_inputs_fit_the_position_table(tiny_ckpt, tmp_path, monkeypatch):
     transformers = pytest.importorskip("transformers", reason="transformers is the oracle for the HF folder")
     st = pytest.importorskip("sentence_transformers", reason="sentence-transformers is the oracle for its layout")
     ckpt, m, tok = tiny_ckpt
-    save_checkpoint(ckpt, m, {"tokenizer": tok.to_str(), "args": {"max_len": 1000}})
+    save_model(ckpt, m, {"tokenizer": tok.to_str(), "args": {"max_len": 1000}})
     out = export(ckpt, tmp_path / "out")
     long = ["the man " * 100, "a b playing"]
     batch = transformers.AutoTokenizer.from_pretrained(out)(long, padding=True, truncation=True, return_tensors="pt")
@@ -451,7 +448,7 @@ def test_long_inputs_fit_the_position_table(tiny_ckpt, tmp_path, monkeypatch):
                                                       ("last2", "mean_tokens", True)])
 def test_the_recorded_pooling_is_exported(tiny_ckpt, tmp_path, capsys, pooling, st_mode, warned):
     path, m, tok = tiny_ckpt
-    save_checkpoint(path, m, {"tokenizer": tok.to_str(), "pooling": pooling})
+    save_model(path, m, {"tokenizer": tok.to_str(), "pooling": pooling})
     out = export(path, tmp_path / "out")
     cfg = json.loads((out / "1_Pooling/config.json").read_text())
     assert [k for k, v in cfg.items() if v is True] == [f"pooling_mode_{st_mode}"]

@@ -7,13 +7,14 @@ import random
 
 import pytest
 import torch
-from safetensors.torch import save_file
 
 import bert
+import checkpoint
 import data
 import evaluate
 import sg_loss
 import train
+from conftest import tiny_model_folder
 
 WORDS = "a man woman dog cat is are playing eating running guitar food in the park on street with".split()
 
@@ -22,13 +23,7 @@ WORDS = "a man woman dog cat is are playing eating running guitar food in the pa
 def world(tiny_config, tmp_path):
     """A tiny model folder (config, weights, vocab.txt), a data folder with a small STS-B, and training sentences."""
     rng = random.Random(0)
-    model_dir = tmp_path / "tiny"
-    model_dir.mkdir()
-    (model_dir / "config.json").write_text(json.dumps(tiny_config))
-    torch.manual_seed(0)
-    m = bert.Bert(bert.BertConfig(**tiny_config))
-    save_file({k: v.contiguous() for k, v in m.state_dict().items()}, str(model_dir / "model.safetensors"))
-    (model_dir / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "."] + WORDS) + "\n")
+    model_dir = tiny_model_folder(tmp_path / "tiny", tiny_config, [".", *WORDS])
 
     def sentence():
         return " ".join(rng.choice(WORDS) for _ in range(rng.randint(2, 9))) + " ."
@@ -57,32 +52,32 @@ def run(world, *flags, **kw):
 def test_full_run_writes_a_loadable_checkpoint(world):
     result = run(world)
     assert result["steps"] == 8 and len(result["losses"]) == 8
-    meta = bert.read_metadata(world["out"])
+    meta = checkpoint.read_metadata(world["out"])
     assert meta["args"]["loss"] == "opt" and meta["base_model"] == str(world["model"])
     assert meta["best"]["step"] == result["best_step"] and meta["best"]["dev"] == pytest.approx(result["dev"])
     m, tok = bert.Bert.from_pretrained(world["out"]), bert.load_tokenizer(world["out"])
-    assert evaluate.stsb_spearman(m, tok, world["data"], "dev") == pytest.approx(result["dev"])
+    assert evaluate.stsb_spearman(evaluate.sentence_vectors(m, tok), world["data"], "dev") == pytest.approx(result["dev"])
     assert not list(world["tmp"].glob(".*tmp"))  # no temp files left behind
 
 
 def test_frozen_parts_stay_frozen(world, monkeypatch):
     seen = {}
-    load, save = bert.Bert.from_pretrained, bert.save_checkpoint
+    load, save = bert.Bert.from_pretrained, checkpoint.save_checkpoint
 
     def capture_load(path):
         m = load(path)
         seen.setdefault("F", m)
         return m
 
-    def capture_save(path, model, meta):
-        seen.setdefault("T", model)
-        return save(path, model, meta)
+    def capture_save(path, tensors, meta):
+        seen["T"] = tensors  # the last save: the best step's BERT_T
+        return save(path, tensors, meta)
 
     monkeypatch.setattr(bert.Bert, "from_pretrained", capture_load)
-    monkeypatch.setattr(bert, "save_checkpoint", capture_save)
+    monkeypatch.setattr(checkpoint, "save_checkpoint", capture_save)
     base = {k: v.clone() for k, v in load(world["model"]).state_dict().items()}
     run(world, "--lr", "1e-3")
-    F, T = seen["F"].state_dict(), seen["T"].state_dict()
+    F, T = seen["F"].state_dict(), seen["T"]
     assert all(torch.equal(F[k], base[k]) for k in base), "BERT_F changed"
     emb = [k for k in base if k.startswith("embeddings.")]
     assert emb and all(torch.equal(T[k], base[k]) for k in emb), "BERT_T's embedding block changed"
@@ -149,8 +144,8 @@ def best_state(world):
 @pytest.mark.parametrize("exc", [RuntimeError("boom"), KeyboardInterrupt(), None])
 def test_a_run_stopped_midway_keeps_the_best_checkpoint(world, monkeypatch, capsys, exc):
     saved = []
-    save = bert.save_checkpoint
-    monkeypatch.setattr(bert, "save_checkpoint", lambda *a: (save(*a), saved.append(best_state(world))))
+    save = checkpoint.save_checkpoint
+    monkeypatch.setattr(checkpoint, "save_checkpoint", lambda *a: (save(*a), saved.append(best_state(world))))
     crash_after(monkeypatch, 5, exc)  # after the evaluations at steps 0 and 3
     if isinstance(exc, RuntimeError):
         with pytest.raises(RuntimeError, match="boom"):
@@ -172,26 +167,27 @@ def test_a_run_stopped_midway_keeps_the_best_checkpoint(world, monkeypatch, caps
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--batch-size", "1"], "--batch-size 1: must be at least 2"),
-    (["--tau", "0"], "--tau 0.0: must be a finite number > 0"),
-    (["--tau", "nan"], "--tau nan: must be a finite"),
-    (["--lam", "-0.1"], "--lam -0.1: must be a finite number >= 0"),
-    (["--weight-decay", "-1"], "--weight-decay -1.0"),
-    (["--lr", "inf"], "--lr inf"),
-    (["--eval-every", "-1"], "--eval-every -1: must be at least 1"),
-    (["--log-every", "0"], "--log-every 0"),
-    (["--patience", "-1"], "--patience -1: must be at least 0"),
-    (["--epochs", "0"], "--epochs 0: must be at least 1"),
-    (["--max-steps", "-1"], "--max-steps -1"),
-    (["--proj-size", "0"], "--proj-size 0"),
-    (["--eval-batch-size", "0"], "--eval-batch-size 0"),
-    (["--seed", "-1"], "--seed -1"),
+    (["--batch-size", "1"], "--batch-size: 1: must be at least 2"),
+    (["--tau", "0"], "--tau: 0: must be a finite number > 0"),
+    (["--tau", "nan"], "--tau: nan: must be a finite"),
+    (["--lam", "-0.1"], "--lam: -0.1: must be a finite number >= 0"),
+    (["--weight-decay", "-1"], "--weight-decay: -1"),
+    (["--lr", "inf"], "--lr: inf"),
+    (["--eval-every", "-1"], "--eval-every: -1: must be at least 1"),
+    (["--log-every", "0"], "--log-every: 0"),
+    (["--patience", "-1"], "--patience: -1: must be at least 0"),
+    (["--epochs", "0"], "--epochs: 0: must be at least 1"),
+    (["--max-steps", "-1"], "--max-steps: -1"),
+    (["--proj-size", "0"], "--proj-size: 0"),
+    (["--eval-batch-size", "0"], "--eval-batch-size: 0"),
+    (["--seed", "-1"], "--seed: -1"),
     (["--seed", str(2 ** 64)], "--seed"),
+    (["--batch-size", "x"], "--batch-size: 'x' is not an integer"),
     (["--layers", "5"], "expected a slice"),
     (["--layers", "::0"], "step must not be 0"),
     (["--out", "sg.pt"], "does not end in .safetensors"),
-    (["--out", "."], "--out: checkpoint path"),
-    (["--json", "/nonexistent-dir/r.json"], "the folder /nonexistent-dir does not exist"),
+    (["--out", "."], "checkpoint path '.' is a folder"),
+    (["--json", "/nonexistent-dir/r.json"], "in a folder that does not exist (/nonexistent-dir)"),
     (["--json", "r.txt"], "ending in .json"),
     (["--model", "./no-such-model"], "no-such-model not found"),
     (["--out", "/nonexistent-dir/sg.safetensors"], "nonexistent-dir"),
@@ -292,7 +288,7 @@ def test_eval_all_with_an_incomplete_data_folder_fails_before_training(world, ca
 
 
 def test_a_full_disk_ends_in_one_line_that_says_what_was_kept(world, monkeypatch, capsys):
-    save, calls = bert.save_checkpoint, [0]
+    save, calls = checkpoint.save_checkpoint, [0]
 
     def full_after_first(*a):
         calls[0] += 1
@@ -300,12 +296,12 @@ def test_a_full_disk_ends_in_one_line_that_says_what_was_kept(world, monkeypatch
             raise OSError(28, "No space left on device")
         return save(*a)
 
-    monkeypatch.setattr(bert, "save_checkpoint", full_after_first)
+    monkeypatch.setattr(checkpoint, "save_checkpoint", full_after_first)
     with pytest.raises(SystemExit) as e:
         run(world, "--lr", "1e-3", "--eval-every", "1")
     err = capsys.readouterr().err
     assert e.value.code == 2 and "No space left on device" in err and "best checkpoint so far (step 0" in err
-    assert bert.read_metadata(world["out"])["best"]["step"] == 0
+    assert checkpoint.read_metadata(world["out"])["best"]["step"] == 0
 
 
 def test_ctrl_c_while_importing_is_one_line(tmp_path):
@@ -331,7 +327,7 @@ def test_ctrl_c_while_importing_is_one_line(tmp_path):
 
 
 def test_a_second_run_on_the_same_out_refuses(world, capsys):
-    with bert.output_lock(world["out"]):  # as another live run would hold it
+    with checkpoint.output_lock(world["out"]):  # as another live run would hold it
         with pytest.raises(SystemExit) as e:
             run(world)
     err = capsys.readouterr().err
@@ -343,27 +339,27 @@ def test_a_second_run_on_the_same_out_refuses(world, capsys):
 def test_consert_and_simcse_train_and_record_their_pooling(world, loss, pooling, monkeypatch):
     trained, real_finish = {}, train.finish
 
-    def spy(args, run, *rest):  # BERT_T's weights after the last step (the best checkpoint may be step 0's)
-        trained.update(run.bert_T.state_dict())
-        return real_finish(args, run, *rest)
+    def spy(run, *rest):  # BERT_T's weights after the last step (the best checkpoint may be step 0's)
+        trained.update(train.raw(run.bert_T).state_dict())
+        return real_finish(run, *rest)
     monkeypatch.setattr(train, "finish", spy)
     result = run(world, "--loss", loss, "--lr", "1e-3")
     assert all(torch.isfinite(torch.tensor(l)) for _, l in result["losses"])
-    meta = bert.read_metadata(world["out"])
+    meta = checkpoint.read_metadata(world["out"])
     assert meta["pooling"] == pooling and meta["method"] == loss
     m, tok = bert.Bert.from_pretrained(world["out"]), bert.load_tokenizer(world["out"])
-    assert evaluate.stsb_spearman(m, tok, world["data"], "dev", pooling=pooling) == pytest.approx(result["dev"])
+    assert evaluate.stsb_spearman(evaluate.sentence_vectors(m, tok, pooling), world["data"], "dev") == pytest.approx(result["dev"])
     base = bert.Bert.from_pretrained(world["model"]).state_dict()
     assert any(not torch.equal(v, base[k]) for k, v in trained.items()), "nothing trained"
 
 
 def test_method_recipes_are_defaults_that_flags_override():
-    a = train.get_args(["--loss", "consert"])
+    a = train.resolve_config(train.get_args(["--loss", "consert"]))
     assert (a.tau, a.batch_size, a.max_len, a.lr, a.dropout, a.aug1, a.aug2, a.pooling, a.eval_pooling) == \
         (0.1, 96, 64, 5e-7, "off", "feature-cutoff:0.2", "shuffle", "mean", "last2")
-    a = train.get_args(["--loss", "simcse", "--tau", "0.1", "--batch-size", "8"])
+    a = train.resolve_config(train.get_args(["--loss", "simcse", "--tau", "0.1", "--batch-size", "8"]))
     assert (a.tau, a.batch_size, a.max_len, a.lr, a.pooling) == (0.1, 8, 32, 3e-5, "cls")
-    a = train.get_args([])
+    a = train.resolve_config(train.get_args([]))
     assert (a.tau, a.batch_size, a.max_len, a.lr, a.aug1, a.eval_pooling) == (0.01, 16, 128, 5e-5, "none", "cls")
 
 
@@ -372,10 +368,10 @@ def test_twin_methods_contrast_two_passes_of_bert_T(world, monkeypatch):
     seen = []
     real = train.sides
 
-    def spy(args, run, x1, x2):
-        z1, z2, t = real(args, run, x1, x2)
+    def spy(run, x1, x2):
+        z1, z2 = real(run, x1, x2)
         seen.append((z1.detach(), z2.detach(), run.bert_F))
-        return z1, z2, t
+        return z1, z2
     monkeypatch.setattr(train, "sides", spy)
     run(world, "--loss", "simcse", "--max-steps", "1")
     z1, z2, _ = seen[-1]
@@ -387,8 +383,8 @@ def test_twin_methods_contrast_two_passes_of_bert_T(world, monkeypatch):
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--aug1", "cutout:0.1"], "--aug1 'cutout:0.1': unknown augmentation"),
-    (["--loss", "consert", "--aug2", "dropout:2"], "--aug2 'dropout:2': the rate must be in (0, 1)"),
+    (["--aug1", "cutout:0.1"], "--aug1: 'cutout:0.1': unknown augmentation"),
+    (["--loss", "consert", "--aug2", "dropout:2"], "--aug2: 'dropout:2': the rate must be in (0, 1)"),
 ])
 def test_bad_augmentations_are_one_line(world, capsys, flags, message):
     with pytest.raises(SystemExit) as e:
@@ -403,9 +399,9 @@ def test_pairs_send_column_1_to_side_1_and_column_2_to_side_2(world, monkeypatch
     pairs.write_text("".join(f"{s}\ta dog is running .\n" for s in sents if s))  # column 2: one constant sentence
     seen, real_sides = [], train.sides
 
-    def spy(args, run, x1, x2):
+    def spy(run, x1, x2):
         seen.append((x1[0].clone(), x2[0].clone()))
-        return real_sides(args, run, x1, x2)
+        return real_sides(run, x1, x2)
     monkeypatch.setattr(train, "sides", spy)
     run(world, "--data", str(pairs), "--loss", loss, "--max-steps", "3")
     tok = bert.load_tokenizer(world["model"])
@@ -443,4 +439,4 @@ def test_a_symlinked_out_stays_a_symlink(world):
     world["out"].symlink_to(target)  # dangling until the run writes its target
     run(world)
     assert world["out"].is_symlink() and target.is_file()
-    assert bert.read_metadata(world["out"])["best"]["step"] >= 0
+    assert checkpoint.read_metadata(world["out"])["best"]["step"] >= 0

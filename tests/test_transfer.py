@@ -1,4 +1,4 @@
-"""Tests of the SentEval transfer tasks (data.load_transfer, evaluate.transfer_task and its batched trainer): the
+"""Tests of the SentEval transfer tasks (data.load_transfer, transfer.transfer_task and its batched trainer): the
 batched trainer against a plain one-classifier-at-a-time loop (and SentEval's own MLP when its reference copy is
 there), the folds against sklearn, every task path on separable and on pure-noise synthetic data, the real files'
 counts, and the one-line errors."""
@@ -12,10 +12,11 @@ import numpy as np
 import pytest
 import torch
 
-import bert
 import data
 import evaluate
+import transfer
 from data import DataError
+from conftest import tiny_model_folder
 
 ROOT = Path(__file__).resolve().parents[1]
 SENTEVAL = Path(os.environ.get("SENTEVAL_DIR") or ROOT.parent / "shared" / "senteval")
@@ -34,11 +35,11 @@ def one_thread():
 # the batched trainer
 
 
-def plain_fit(X, y, train, dev, l2, nhid, C, seed=evaluate.SEED):
+def plain_fit(X, y, train, dev, l2, nhid, C, seed=transfer.SEED):
     """One classifier the plain way, as SentEval's MLP.fit runs it: nn.Sequential, torch.optim.Adam, numpy reseeded
     (5% held out from its first permutation when dev is None), a check every EPOCH_SIZE epochs, the best kept, stop
     at the first failed check after TENACITY failed ones. -> (best dev accuracy, [W1.T, b1, W2.T, b2] in the
-    layout of one member of evaluate.fit: weights (in, out), biases (1, out))."""
+    layout of one member of transfer.fit: weights (in, out), biases (1, out))."""
     rng = np.random.RandomState(seed)
     torch.manual_seed(seed)
     d = X.shape[1]
@@ -50,21 +51,21 @@ def plain_fit(X, y, train, dev, l2, nhid, C, seed=evaluate.SEED):
         perm, k = rng.permutation(len(train)), int(0.05 * len(train))
         train, dev = train[perm[k:]], train[perm[:k]]
     best, best_model, failed, epoch = -1.0, None, 0, 0
-    while epoch <= evaluate.MAX_EPOCH:
-        for _ in range(evaluate.EPOCH_SIZE):
+    while epoch <= transfer.MAX_EPOCH:
+        for _ in range(transfer.EPOCH_SIZE):
             perm = rng.permutation(len(train))
-            for s in range(0, len(train), evaluate.BATCH):
-                rows = train[perm[s:s + evaluate.BATCH]]
+            for s in range(0, len(train), transfer.BATCH):
+                rows = train[perm[s:s + transfer.BATCH]]
                 loss = torch.nn.functional.cross_entropy(model(X[rows]), y[rows])
                 opt.zero_grad()
                 loss.backward()
                 opt.step()
-        epoch += evaluate.EPOCH_SIZE
+        epoch += transfer.EPOCH_SIZE
         with torch.no_grad():
             acc = (model(X[dev]).argmax(1) == y[dev]).double().mean().item()
         if acc > best:
             best, best_model = acc, copy.deepcopy(model)
-        elif failed >= evaluate.TENACITY:
+        elif failed >= transfer.TENACITY:
             break
         else:
             failed += 1
@@ -86,11 +87,11 @@ L2 = [[1e-5, 1e-2], [1e-2, 1e-3], [1e-3, 1e-4], [1e-4, 1e-5]]
 
 @pytest.mark.parametrize("nhid", [0, 8])
 def test_batched_fit_equals_plain_loop(nhid, monkeypatch):
-    monkeypatch.setattr(evaluate, "MAX_EPOCH", 60)  # the comparison, not the full 200 epochs, is the point here
+    monkeypatch.setattr(transfer, "MAX_EPOCH", 60)  # the comparison, not the full 200 epochs, is the point here
     X, y = toy_problem()
-    acc, params = evaluate.fit(X, y, TRAIN, DEV, L2, nhid, 3)
-    monkeypatch.setattr(evaluate, "CACHE_BYTES", 1)  # one group at a time: the chunked path gives the same
-    acc1, params1 = evaluate.fit(X, y, TRAIN, DEV, L2, nhid, 3)
+    acc, params = transfer.fit(X, y, TRAIN, DEV, L2, nhid, 3)
+    monkeypatch.setattr(transfer, "CACHE_BYTES", 1)  # one group at a time: the chunked path gives the same
+    acc1, params1 = transfer.fit(X, y, TRAIN, DEV, L2, nhid, 3)
     np.testing.assert_array_equal(acc, acc1)
     for p, q in zip(params, params1):
         torch.testing.assert_close(p, q, rtol=0, atol=1e-6)
@@ -121,12 +122,12 @@ def test_fit_equals_senteval_mlp():
             want = clf.fit(X.numpy(), y.numpy(), validation_split=0.05)
         else:
             want = clf.fit(X[:200].numpy(), y[:200].numpy(), validation_data=(X[dev].numpy(), y[dev].numpy()))
-        old = evaluate.MAX_EPOCH
-        evaluate.MAX_EPOCH = 40
+        old = transfer.MAX_EPOCH
+        transfer.MAX_EPOCH = 40
         try:
-            acc, params = evaluate.fit(X, y, [np.arange(300 if dev is None else 200)], [dev], [[1e-3]], nhid, 2)
+            acc, params = transfer.fit(X, y, [np.arange(300 if dev is None else 200)], [dev], [[1e-3]], nhid, 2)
         finally:
-            evaluate.MAX_EPOCH = old
+            transfer.MAX_EPOCH = old
         assert acc[0, 0] == want
         for p, q in zip(params, clf.model.parameters()):
             torch.testing.assert_close(p[0, :, 0], q.detach().T if q.dim() == 2 else q.detach()[None],
@@ -139,14 +140,14 @@ def test_fit_equals_senteval_mlp():
 @pytest.mark.parametrize("y", [np.r_[np.ones(53), np.zeros(31)].astype(int),
                                np.random.RandomState(0).randint(0, 6, 137)])
 def test_stratified_folds(y):
-    folds = evaluate.stratified_folds(y)
-    assert len(folds) == evaluate.KFOLD
+    folds = transfer.stratified_folds(y)
+    assert len(folds) == transfer.KFOLD
     tests = np.concatenate([te for _, te in folds])
     assert sorted(tests.tolist()) == list(range(len(y)))  # every example is a test example exactly once
     for tr, te in folds:
         assert sorted(np.r_[tr, te].tolist()) == list(range(len(y)))
         for c in np.unique(y):  # stratified: each fold holds its share of each class, within one example
-            assert abs((y[te] == c).sum() - (y == c).sum() / evaluate.KFOLD) < 1
+            assert abs((y[te] == c).sum() - (y == c).sum() / transfer.KFOLD) < 1
     skl = pytest.importorskip("sklearn.model_selection", reason="sklearn is the oracle of SentEval's exact folds")
     want = skl.StratifiedKFold(n_splits=10, shuffle=True, random_state=1111).split(np.zeros(len(y)), y)
     for (tr, te), (wtr, wte) in zip(folds, want):
@@ -188,11 +189,11 @@ def synthetic(name, separable, d=64, seed=0):
 # the three protocols (k-fold: MR CR SUBJ MPQA; CV then test: TREC MRPC; dev split: SST2), each classifier on some
 @pytest.mark.parametrize("name, nhid", [("MR", 0), ("SUBJ", 50), ("SST2", 0), ("TREC", 50), ("MRPC", 50)])
 def test_task_paths_separable_and_noise(name, nhid):
-    res = evaluate.transfer_task(name, *synthetic(name, separable=True), nhid)
+    res = transfer.transfer_task(name, *synthetic(name, separable=True), nhid)
     assert res["acc"] >= 99 and res["devacc"] >= 99, res
     if name == "MRPC":
         assert res["f1"] >= 99
-    res = evaluate.transfer_task(name, *synthetic(name, separable=False, seed=1), nhid)
+    res = transfer.transfer_task(name, *synthetic(name, separable=False, seed=1), nhid)
     chance = 100 / 6 if name == "TREC" else 50
     assert abs(res["acc"] - chance) < 20, res
 
@@ -262,16 +263,8 @@ def test_loader_quirks_and_errors(tmp_path):
 @pytest.fixture
 def tiny_model(tmp_path, tiny_config):
     """A random tiny BERT model folder whose vocabulary covers the synthetic sentences below."""
-    from safetensors.torch import save_file
-    torch.manual_seed(0)
-    model = bert.Bert(bert.BertConfig(**tiny_config))
-    folder = tmp_path / "tiny-bert"
-    folder.mkdir()
-    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "where", "what", "good", "bad", "?"] + [f"w{i}" for i in range(40)]
-    (folder / "vocab.txt").write_text("\n".join(words) + "\n")
-    (folder / "config.json").write_text(json.dumps(tiny_config))
-    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(folder / "model.safetensors"))
-    return folder
+    words = ["where", "what", "good", "bad", "?"] + [f"w{i}" for i in range(40)]
+    return tiny_model_folder(tmp_path / "tiny-bert", tiny_config, words)
 
 
 def test_cli_json_and_errors(tmp_path, tiny_model, capsys):
@@ -286,6 +279,8 @@ def test_cli_json_and_errors(tmp_path, tiny_model, capsys):
     evaluate.main(["--model", str(tiny_model), "--data-dir", str(d), "--tasks", "CR", "--transfer-config", "simcse",
                    "--json", str(out)])
     res = json.loads(out.read_text())
+    assert res["sts"] is None and res["layerwise"] is None
+    res = res["transfer"]
     assert set(res["CR"]) == {"acc", "devacc"} and res["avg"] == res["CR"]["acc"] and res["config"] == "simcse"
     printed = capsys.readouterr().out
     assert "CR" in printed and "avg" in printed

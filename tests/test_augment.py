@@ -1,8 +1,8 @@
-"""views.py: each ConSERT augmentation does exactly what it says on a hand-made embedding output."""
+"""augment.py: each ConSERT augmentation does exactly what it says on a hand-made embedding output."""
 import pytest
 import torch
 
-import views
+import augment
 
 
 def batch(lengths, T, H=10):
@@ -13,7 +13,7 @@ def batch(lengths, T, H=10):
 @pytest.mark.parametrize("kind, rate", [("token-cutoff", 0.3), ("feature-cutoff", 0.2), ("dropout", 0.25)])
 def test_cutoffs_zero_exactly_what_they_say(kind, rate):
     x, mask = batch([7, 4, 2], T=7)
-    out = views.parse(f"{kind}:{rate}").embedding_fn(mask, torch.Generator().manual_seed(0))(x)
+    out = augment.parse(f"{kind}:{rate}").embedding_fn(mask, torch.Generator().manual_seed(0))(x)
     mask_before = mask.clone()
     for i, n in enumerate([7, 4, 2]):
         real, pad = out[i, :n], out[i, n:]
@@ -33,7 +33,7 @@ def test_cutoffs_zero_exactly_what_they_say(kind, rate):
 
 def test_shuffle_permutes_only_the_real_positions():
     x, mask = batch([5, 3], T=6)
-    aug = views.parse("shuffle")
+    aug = augment.parse("shuffle")
     assert aug.embedding_fn(mask, torch.Generator()) is None
     pos = aug.position_ids(mask, torch.Generator().manual_seed(1))
     for i, n in enumerate([5, 3]):
@@ -45,7 +45,7 @@ def test_shuffle_permutes_only_the_real_positions():
 
 @pytest.mark.parametrize("spec", ["shuffle", "token-cutoff:0.5", "feature-cutoff:0.2", "dropout:0.3"])
 def test_the_same_sentence_at_another_batch_length_gets_the_same_treatment(spec):
-    aug = views.parse(spec)
+    aug = augment.parse(spec)
     results = []
     for T in (4, 9):
         x, mask = batch([4, 3], T=T)
@@ -60,7 +60,7 @@ def test_the_same_sentence_at_another_batch_length_gets_the_same_treatment(spec)
 def test_gradients_flow_through_the_kept_entries():
     x, mask = batch([3], T=3)
     x.requires_grad_(True)
-    views.parse("feature-cutoff:0.5").embedding_fn(mask, torch.Generator())(x).sum().backward()
+    augment.parse("feature-cutoff:0.5").embedding_fn(mask, torch.Generator())(x).sum().backward()
     assert torch.equal(x.grad, (x.grad != 0).float()) and x.grad.sum() == 3 * 5
 
 
@@ -70,4 +70,4 @@ def test_gradients_flow_through_the_kept_entries():
 ])
 def test_bad_specs(spec, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        views.parse(spec)
+        augment.parse(spec)

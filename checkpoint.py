@@ -1,0 +1,356 @@
+"""
+The disk: model folders and the hub, safetensors checkpoints and their metadata schema, atomic writes, one writer
+per output, and the one way a command refuses its input (die).
+
+Floor 0: it imports no project module, and every project module reads and writes files through it. Nothing here
+knows what a BERT is: a checkpoint is named tensors plus the metadata below, and bert.py maps them to a model.
+"""
+import glob
+import json
+import math
+import os
+import re
+import shutil
+import sys
+import urllib.error
+import urllib.request
+from contextlib import contextmanager
+from pathlib import Path
+
+WEIGHTS = Path(os.environ.get("SG_WEIGHTS") or Path(__file__).resolve().parent / "weights")
+HF_ENDPOINT = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
+
+
+class LoadError(Exception):
+    """A model, checkpoint, tokenizer or output path that cannot be used; the message names the file and what to do."""
+
+
+class OutputLocked(LoadError):
+    """Another live process is writing the same output (see output_lock)."""
+
+
+def die(msg, code=2):
+    """The one way a command refuses its input: 'error: <msg>' as one line of stderr, and exit status 2."""
+    print("error: " + " ".join(str(msg).split()), file=sys.stderr)
+    sys.exit(code)
+
+# -----------------------------------------------------------------------------
+# the metadata schema of a checkpoint, written down once
+#
+# A checkpoint is one .safetensors file: the weights under HF BertModel key names (so transformers could read them),
+# plus string metadata. train.py writes, evaluate.py and export.py read; older checkpoints lack the newer keys.
+
+META = {
+    "format": "'pt': safetensors' tag for torch tensors",
+    "config": "JSON: the BertConfig, exactly the config.json keys",
+    "tokenizer": "the tokenizers library's JSON of the tokenizer (a string, not decoded)",
+    "base_model": "the model the run started from, as the user named it (a folder's own name, never a machine path)",
+    "method": "train.py --loss: opt, sg, opt1, opt2, consert, simcse, whitening, flow",
+    "pooling": "how evaluate.py makes the sentence vector: a pooling of bert.POOLINGS",
+    "args": "JSON: the resolved training config (every flag, with the method's recipe defaults applied)",
+    "best": "JSON: {step, dev} of the weights in the file (STS-B dev Spearman x100)",
+    "git": "the short commit of the code that wrote it",
+    "transform": "JSON: a fitted transform applied after pooling (posthoc.py): {kind, config}; its tensors are "
+                 "stored under the 'transform.' prefix",
+}
+JSON_META = ("config", "args", "best", "transform")  # metadata values stored as JSON objects
+TRANSFORM_PREFIX = "transform."
+
+# -----------------------------------------------------------------------------
+# model folders and the hub
+
+
+def resolve(name_or_path):
+    """Path of a model: an existing path as is, else weights/<name>/, downloaded from the hub if missing."""
+    p, name = Path(name_or_path), str(name_or_path)
+    if p.exists():
+        return p
+    if p.suffix == ".safetensors" or p.is_absolute() or name.startswith("."):
+        raise LoadError(f"{p} not found")
+    if not HUB_NAME.fullmatch(name):  # 'a/../../x' and the like would read and write outside weights/
+        raise LoadError(f"{name} not found, and it is not a model name (org/name: letters, digits, '.', '-', '_')")
+    local = WEIGHTS / name
+    if not local.is_dir():
+        download(name, local)
+    return local
+
+
+HUB_NAME = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)*", re.ASCII)  # no '', '.', '..' parts, no '\\'
+
+
+def download(name, dest):
+    """Fetch config.json, model.safetensors and tokenizer.json (or vocab.txt) from the hub into dest, atomically."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    clean_leftovers(dest)
+    tmp = temp_path(dest)
+    try:
+        tmp.mkdir()
+        for files in (["config.json"], ["model.safetensors"], ["tokenizer.json", "vocab.txt"]):
+            for i, f in enumerate(files):
+                try:
+                    fetch(f"{HF_ENDPOINT}/{name}/resolve/main/{f}", tmp / f)
+                    break
+                except urllib.error.HTTPError as e:
+                    if e.code != 404 or i == len(files) - 1:
+                        raise
+        try:
+            tmp.rename(dest)
+        except OSError:
+            if not dest.is_dir():  # else another process downloaded the same model first: use theirs
+                raise
+    except (OSError, urllib.error.URLError) as e:
+        raise LoadError(f"model '{name}' is not a local path and is not in {dest}, and downloading it from "
+                        f"{HF_ENDPOINT} failed ({e}). Offline: put config.json, model.safetensors and tokenizer.json "
+                        f"(or vocab.txt) of '{name}' in {dest}/") from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def fetch(url, path):
+    """Stream url to path with a one-line progress display on stderr."""
+    with urllib.request.urlopen(url, timeout=30) as r, open(path, "wb") as f:
+        total, done = int(r.headers.get("Content-Length") or 0), 0
+        while chunk := r.read(1 << 20):
+            f.write(chunk)
+            done += len(chunk)
+            size = f"{done / 1e6:.1f}/{total / 1e6:.1f} MB" if total else f"{done / 1e6:.1f} MB"
+            print(f"\rdownloading {url}: {size}", end="", file=sys.stderr, flush=True)
+    print(file=sys.stderr)
+
+# -----------------------------------------------------------------------------
+# safetensors checkpoints
+
+
+def read_tensors(path):
+    from safetensors.torch import load_file
+    try:
+        return load_file(str(path))
+    except Exception as e:  # safetensors raises its own SafetensorError, or OSError
+        raise LoadError(f"{path}: not a valid safetensors file ({e}); re-download or re-create it") from None
+
+
+def read_metadata(path):
+    """The metadata of a .safetensors file, with the JSON values our checkpoints store decoded and type-checked."""
+    from safetensors import safe_open
+    try:
+        with safe_open(str(path), "pt") as f:
+            meta = f.metadata() or {}
+    except Exception as e:
+        raise LoadError(f"{path}: not a valid safetensors file ({e}); re-download or re-create it") from None
+    out = {}
+    for k, v in meta.items():
+        try:
+            out[k] = json.loads(v) if k in JSON_META else v
+        except json.JSONDecodeError:
+            raise LoadError(f"{path}: metadata '{k}' is not valid JSON") from None
+        if k in JSON_META and not isinstance(out[k], dict):
+            raise LoadError(f"{path}: metadata '{k}' is a JSON {type(out[k]).__name__}; it must be an object")
+    return out
+
+
+
+
+def read_config_dict(src):
+    """The raw config of a model folder (its config.json) or of our checkpoint (its metadata 'config'), and a name of
+    where it came from for error messages."""
+    src = Path(src)
+    if src.suffix == ".safetensors":
+        meta = read_metadata(src)
+        if "config" not in meta:
+            raise LoadError(f"{src}: no 'config' in the safetensors metadata; this is not a checkpoint written by "
+                            "sgbert. Load the folder that holds it with its config.json instead.")
+        return meta["config"], f"{src} (metadata 'config')"
+    f = src / "config.json"
+    try:
+        return json.loads(f.read_text(encoding="utf-8")), str(f)
+    except (OSError, ValueError) as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        raise LoadError(f"{f}: not a valid BERT config.json ({e})") from None
+
+
+def save_checkpoint(path, tensors, meta):
+    """Write tensors {name: tensor} and meta (the keys of META; dicts are stored as JSON) to a .safetensors file,
+    atomically: a temp file beside it, then a rename, so a crash never leaves a half-written checkpoint. The same
+    tensors and meta give the same bytes. It takes no lock: whoever writes path over a whole run holds
+    output_lock(path) for it. A symlink is followed: its target is replaced, the link stays."""
+    unknown = sorted(set(meta) - set(META))
+    assert not unknown, f"metadata keys {unknown} are not in checkpoint.META: add them to the schema first"
+    meta = {"format": "pt", **meta}
+    meta = {k: v if isinstance(v, str) else json.dumps(v, sort_keys=True) for k, v in meta.items()}
+    tensors = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
+    atomic_write(path, lambda f: write_safetensors(f, tensors, meta))
+
+def write_safetensors(f, tensors, meta):
+    """The safetensors format written out: 8-byte header size, JSON header, raw tensor bytes. safetensors' own
+    writer orders the metadata by a hash map whose seed changes per run; here every order is fixed, so the same
+    tensors and metadata always give the same bytes."""
+    import torch  # here, not at the top: the sweep and report commands import this file and need no torch
+    names = sorted(tensors, key=lambda k: (-tensors[k].element_size(), k))  # widest dtype first keeps data aligned
+    header, start = {"__metadata__": dict(sorted(meta.items()))}, 0
+    for k in names:
+        t = tensors[k]
+        n = t.numel() * t.element_size()
+        header[k] = {"dtype": ST_DTYPES[str(t.dtype)], "shape": list(t.shape), "data_offsets": [start, start + n]}
+        start += n
+    h = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
+    h += b" " * (-len(h) % 8)  # pad with spaces so the data starts 8-byte aligned, as the format asks
+    f.write(len(h).to_bytes(8, "little") + h)
+    for k in names:  # little-endian, as the format asks: every platform torch ships for is
+        f.write(tensors[k].reshape(-1).view(torch.uint8).numpy())
+
+
+ST_DTYPES = {"torch.float64": "F64", "torch.float32": "F32", "torch.float16": "F16", "torch.bfloat16": "BF16"}
+
+
+def check_checkpoint_path(path, write=False):
+    """A checkpoint path (train.py --out, evaluate.py --ckpt) checked before any work: a .safetensors file name, not
+    a folder; to read, an existing file; to write, in an existing folder we can write to. Returns it as a Path."""
+    p = Path(path)
+    if not str(path).strip():
+        problem = "is empty"
+    elif p.is_dir():
+        problem = "is a folder; give a file name ending in .safetensors"
+    elif p.suffix != ".safetensors":
+        problem = "does not end in .safetensors"
+    elif not write and not p.is_file():
+        problem = "not found"
+    elif write and not p.parent.is_dir():
+        problem = f"is in a folder that does not exist ({p.parent})"
+    elif write and not os.access(p.parent, os.W_OK):
+        problem = f"is in a folder we cannot write to ({p.parent})"
+    else:
+        return p
+    raise LoadError(f"checkpoint path '{path}' {problem}")
+
+# -----------------------------------------------------------------------------
+# atomic writes
+
+
+def atomic_write(path, write):
+    """Write path through write(f) (f a binary file), atomically: into a hidden temp file beside it, flushed to disk,
+    then renamed over path, so a reader (or a crash) sees the old file or the new one, never half of one. What a
+    killed earlier writer left beside path is cleaned first. A symlink is followed: its target is replaced."""
+    path = Path(os.path.realpath(path))
+    clean_leftovers(path)
+    tmp = temp_path(path)
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())  # the data is on disk before the rename makes it the file
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def write_text(path, text):
+    atomic_write(path, lambda f: f.write(text.encode("utf-8")))
+
+
+def json_safe(x):
+    """NaN / inf (a constant similarity, e.g. [CLS] of the embedding layer) as null, so the file is strict JSON."""
+    if isinstance(x, dict):
+        return {k: json_safe(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [json_safe(v) for v in x]
+    return None if isinstance(x, float) and not math.isfinite(x) else x
+
+
+def write_json(path, obj):
+    write_text(path, json.dumps(json_safe(obj), indent=2, allow_nan=False) + "\n")
+
+
+def check_output(path, suffix):
+    """An output file path checked before any work: a file name ending in suffix (any when None), not a folder, in an
+    existing folder we can write to. Returns it as a Path; else LoadError saying what is wrong."""
+    p = Path(path)
+    folder = p.resolve().parent
+    if not str(path).strip() or not p.name:
+        problem = "is empty"
+    elif p.is_dir():
+        problem = f"is a folder; give a file name ending in {suffix}" if suffix else "is a folder; give a file name"
+    elif suffix and p.suffix.lower() != suffix:
+        problem = f"is not a file name ending in {suffix}"
+    elif not folder.is_dir():
+        problem = f"is in a folder that does not exist ({folder})"
+    elif not os.access(folder, os.W_OK):
+        problem = f"is in a folder we cannot write to ({folder})"
+    else:
+        return p
+    raise LoadError(f"{path} {problem}")
+
+# -----------------------------------------------------------------------------
+# one process per output, and what killed runs leave behind
+
+
+@contextmanager
+def output_lock(path):
+    """Hold the lock of an output (a checkpoint file, an export folder) while writing it: one process per output.
+
+    The lock is the file .NAME.lock beside path, holding the owner's pid, with an flock on it. Anyone else asking
+    for the same path (another process, or this one again: it is not re-entrant) gets OutputLocked at once, a
+    one-line message naming the owner's pid; nothing waits. The kernel drops an flock when its process dies, however
+    it dies (kill -9 too), so the lock of a dead process is taken over, never in the way. The file goes on release.
+    It keeps our own runs apart; nothing stops another program from writing path."""
+    import fcntl
+    path = Path(path)
+    lock = path.with_name(f".{path.name}.lock")
+    while True:
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise LoadError(f"{path}: cannot create the lock file {lock} ({e.strerror})") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            owner = os.read(fd, 32).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise OutputLocked(f"{path} is being written by another process (pid {owner}); wait for it to finish "
+                               f"or choose another output (lock file: {lock})") from None
+        try:
+            if os.path.samestat(os.fstat(fd), os.stat(lock)):
+                break
+        except FileNotFoundError:
+            pass
+        os.close(fd)  # its owner removed the file between our open and flock: lock the new one instead
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    try:
+        yield path
+    finally:
+        os.unlink(lock)  # before close: whoever opened the old file sees it is gone and retries
+        os.close(fd)
+
+
+def temp_path(path, kind="tmp"):
+    """Where path is written before it is renamed in: beside it (a rename within one file system is atomic), hidden,
+    named with our pid, so that a later run can tell what a killed run left from what a live one is writing."""
+    return path.with_name(f".{path.name}.{os.getpid()}.{kind}")
+
+
+def clean_leftovers(path):
+    """Remove what killed runs left beside path: .NAME.PID.tmp files or folders whose process is gone. A folder
+    .NAME.PID.old is the previous path that an export had set aside: put back if path is missing, else removed."""
+    for p in sorted(path.parent.glob(f".{glob.escape(path.name)}.*")):
+        pid, _, kind = p.name[len(path.name) + 2:].partition(".")
+        if kind not in ("tmp", "old") or not pid.isdigit() or pid_alive(int(pid)):
+            continue  # not ours, or its writer is still running
+        if kind == "old" and not os.path.lexists(path):
+            os.rename(p, path)
+            print(f"note: put {path} back from {p.name}, where an interrupted export had left it", file=sys.stderr)
+            continue
+        try:
+            shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+        except OSError:
+            pass  # a leftover we cannot remove is no reason to fail this save
+
+
+def pid_alive(pid):
+    try:
+        os.kill(pid, 0)  # signal 0 sends nothing: it only asks whether the process exists
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):  # it exists under another user (or is no pid of ours: keep its file)
+        pass
+    return True
+

@@ -1,0 +1,206 @@
+"""checkpoint.py: the disk. Same bytes for the same checkpoint, atomic saves, leftovers of dead runs, one writer
+per output, the hub layout and offline messages, output path checks."""
+import http.server
+import os
+import subprocess
+import sys
+import threading
+from functools import partial
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import bert
+import checkpoint
+from bert import Bert, BertConfig, LoadError, load_tokenizer
+from conftest import save_model, tiny_model_folder
+
+ROOT = Path(bert.__file__).resolve().parent
+
+
+def tiny_model(cfg, seed=0):
+    torch.manual_seed(seed)
+    return Bert(BertConfig(**cfg))
+
+
+@pytest.fixture
+def tiny_folder(tiny_config, tmp_path):
+    return tiny_model_folder(tmp_path / "tiny", tiny_config)
+
+
+def write_vocab(path):
+    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a", "b", "the", "man", "##s", ".", "play", "##ing"]
+    path.write_text("\n".join(words) + "\n")
+    return path
+
+
+def test_same_model_and_meta_give_the_same_bytes(tiny_config, tmp_path):
+    m = tiny_model(tiny_config)
+    m.extra = {"pooler.dense.weight": torch.randn(32, 32, dtype=torch.bfloat16),
+               "pooler.dense.bias": torch.randn(32, dtype=torch.float16)}
+    tok = bert.wordpiece_from_vocab(write_vocab(tmp_path / "vocab.txt"))
+    meta = {"tokenizer": tok.to_str(), "base_model": "tiny", "git": "abc", "args": {"lr": 1e-5, "lam": 0.1, "out": "x"},
+            "best": {"step": 3, "dev": 71.5}}
+    save_model(tmp_path / "a.safetensors", m, meta)
+    shuffled = dict(reversed(meta.items()), args=dict(reversed(meta["args"].items())))
+    save_model(tmp_path / "b.safetensors", m, shuffled)
+    a, b = (tmp_path / "a.safetensors").read_bytes(), (tmp_path / "b.safetensors").read_bytes()
+    assert a == b  # safetensors' own writer gave a different metadata order on every save
+    assert int.from_bytes(a[:8], "little") % 8 == 0
+    # safetensors' reader is the oracle of the hand-written format: every tensor and dtype, the metadata
+    back = load_file(str(tmp_path / "a.safetensors"))
+    assert back.keys() == {**m.state_dict(), **m.extra}.keys()
+    for k, v in {**m.state_dict(), **m.extra}.items():
+        assert back[k].dtype == v.dtype and torch.equal(back[k], v), k
+    got = checkpoint.read_metadata(tmp_path / "a.safetensors")
+    assert got["args"] == meta["args"] and got["best"] == meta["best"] and got["tokenizer"] == meta["tokenizer"]
+    back = Bert.from_pretrained(tmp_path / "a.safetensors")
+    assert all(torch.equal(back.extra[k], v) for k, v in m.extra.items())
+
+
+def test_interrupted_save_keeps_the_old_checkpoint(tiny_config, tmp_path, monkeypatch):
+    path = tmp_path / "sg.safetensors"
+    save_model(path, tiny_model(tiny_config), {})
+    before = path.read_bytes()
+
+    def half_then_ctrl_c(f, tensors, meta):
+        f.write(b"half a checkpoint")
+        raise KeyboardInterrupt
+    monkeypatch.setattr(checkpoint, "write_safetensors", half_then_ctrl_c)
+    with pytest.raises(KeyboardInterrupt):
+        save_model(path, tiny_model(tiny_config, seed=1), {})
+    assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["sg.safetensors"]
+
+
+def test_save_removes_only_leftovers_of_dead_runs(tiny_config, tmp_path):
+    dead = [subprocess.Popen([sys.executable, "-c", "pass"]) for _ in range(2)]
+    for p in dead:
+        p.wait()
+    d1, d2 = (p.pid for p in dead)  # no process has these pids now: what they left is garbage
+    alive = os.getppid()
+    keep = [f".sg.safetensors.{alive}.tmp",  # a live writer's
+            ".sg.safetensors-k2j4x9.tmp", f".other.safetensors.{d1}.tmp", f"sg.safetensors.{d1}.tmp",  # not ours
+            f".sg.safetensors.{d1}.lock"]  # not a temp file: output_lock's, which deals with it itself
+    for name in keep + [f".sg.safetensors.{d1}.tmp"]:
+        (tmp_path / name).write_bytes(b"x")
+    (tmp_path / f".sg.safetensors.{d2}.tmp").mkdir()  # a killed export's folder
+    (tmp_path / f".sg.safetensors.{d2}.tmp" / "config.json").write_bytes(b"x")
+    save_model(tmp_path / "sg.safetensors", tiny_model(tiny_config), {})
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(keep + ["sg.safetensors"])
+
+
+def test_check_checkpoint_path(tmp_path):
+    (tmp_path / "sg.safetensors").write_bytes(b"x")
+    (tmp_path / "d.safetensors").mkdir()
+    assert checkpoint.check_checkpoint_path(tmp_path / "sg.safetensors") == tmp_path / "sg.safetensors"
+    assert checkpoint.check_checkpoint_path(tmp_path / "new.safetensors", write=True) == tmp_path / "new.safetensors"
+    for path, write, problem in [("", False, "is empty"), (" ", True, "is empty"), (tmp_path, True, "is a folder"),
+                                 (tmp_path / "d.safetensors", False, "is a folder"),
+                                 (tmp_path / "sg.pt", True, "does not end in .safetensors"),
+                                 (tmp_path / "new.safetensors", False, "not found"),
+                                 (tmp_path / "no/sg.safetensors", True, "is in a folder that does not exist")]:
+        with pytest.raises(LoadError, match=f"^checkpoint path '.*' {problem}"):
+            checkpoint.check_checkpoint_path(path, write=write)
+    with pytest.raises(LoadError, match="d.safetensors' is a folder"):
+        Bert.from_pretrained(tmp_path / "d.safetensors")
+
+
+# -----------------------------------------------------------------------------
+# one process per output
+
+
+def test_output_lock_one_process_per_output(tmp_path):
+    out = tmp_path / "sg.safetensors"
+    lock = tmp_path / ".sg.safetensors.lock"
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time, checkpoint\nwith checkpoint.output_lock(sys.argv[1]):\n"
+                               "    print('locked', flush=True)\n    time.sleep(60)", str(out)],
+                              cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        busy = f"^{out} is being written by another process \\(pid {holder.pid}\\); wait for it"
+        with pytest.raises(checkpoint.OutputLocked, match=busy):
+            with checkpoint.output_lock(out):
+                pass
+    finally:
+        holder.kill()  # kill -9: no clean-up of its own, its lock file stays
+        holder.wait()
+    assert lock.read_text().strip() == str(holder.pid)
+    with checkpoint.output_lock(out):  # the dead process's lock is taken over
+        assert lock.read_text() == f"{os.getpid()}\n"
+        with pytest.raises(checkpoint.OutputLocked, match=f"pid {os.getpid()}"):  # not re-entrant, even in one process
+            with checkpoint.output_lock(out):
+                pass
+    assert not lock.exists()
+    lock.write_text("garbage")  # a lock file nobody holds, whatever it says
+    with checkpoint.output_lock(out):
+        pass
+    assert not lock.exists()
+
+
+# -----------------------------------------------------------------------------
+# name resolution and download (against a local HTTP server, never the real hub)
+
+
+def test_download_from_hub_layout(tiny_folder, tmp_path, monkeypatch):
+    hub = tmp_path / "hub" / "org" / "tiny" / "resolve" / "main"
+    hub.mkdir(parents=True)
+    for f in ("config.json", "model.safetensors"):
+        (hub / f).write_bytes((tiny_folder / f).read_bytes())
+    write_vocab(hub / "vocab.txt")  # no tokenizer.json on the "hub": the vocab.txt fallback is fetched
+    handler = partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path / "hub"))
+    handler.log_message = lambda *a: None
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setattr(checkpoint, "HF_ENDPOINT", f"http://127.0.0.1:{server.server_port}")
+    monkeypatch.setattr(checkpoint, "WEIGHTS", tmp_path / "weights")
+    try:
+        m = Bert.from_pretrained("org/tiny")
+        tok = load_tokenizer("org/tiny")
+    finally:
+        server.shutdown()
+    assert sorted(p.name for p in (tmp_path / "weights/org/tiny").iterdir()) == ["config.json", "model.safetensors", "vocab.txt"]
+    assert not [p for p in (tmp_path / "weights/org").iterdir() if p.name.startswith(".")]  # no temp folder left
+    assert tok.encode("the man").ids == [2, 7, 8, 3]
+    assert torch.equal(m.embeddings.word_embeddings.weight, Bert.from_pretrained(tiny_folder).embeddings.word_embeddings.weight)
+
+
+@pytest.mark.parametrize("name", ["a/../../escaped", "org/../../../tmp/x", "org/..", "a//b", "a/./b", "a\\..\\b",
+                                  "~/x", "org/name/", "-rf", "org/.hidden", "$HOME"])
+def test_model_names_stay_inside_weights(name, tmp_path, monkeypatch):
+    monkeypatch.setattr(checkpoint, "HF_ENDPOINT", "http://127.0.0.1:9")  # nothing may be fetched either
+    monkeypatch.setattr(checkpoint, "WEIGHTS", tmp_path / "weights")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(LoadError, match=r"not found, and it is not a model name \(org/name: letters, digits"):
+        Bert.from_pretrained(name)
+    assert list(tmp_path.iterdir()) == []  # no folder made, inside weights/ or out of it
+
+
+def test_offline_name_says_which_folder_to_fill(tmp_path, monkeypatch):
+    monkeypatch.setattr(checkpoint, "HF_ENDPOINT", "http://127.0.0.1:9")  # discard port: connection refused at once
+    monkeypatch.setattr(checkpoint, "WEIGHTS", tmp_path / "weights")
+    with pytest.raises(LoadError) as e:
+        Bert.from_pretrained("bert-base-uncased")
+    msg = str(e.value)
+    assert str(tmp_path / "weights" / "bert-base-uncased") in msg and "model.safetensors" in msg and "config.json" in msg
+    assert not (tmp_path / "weights" / "bert-base-uncased").exists()
+    assert not list((tmp_path / "weights").iterdir())  # no half-written folder
+
+
+
+def test_checkpoint_written_before_the_layout_change_still_loads():
+    """tests/fixtures/checkpoint-5ad2517.*: a checkpoint written by train.py at commit 5ad2517 (before checkpoint.py
+    existed) and the vectors that commit's bert.encode gave for it. Today's code reads its metadata and its
+    tokenizer, and gives the same vectors bit for bit."""
+    import json
+
+    import numpy as np
+    path = ROOT / "tests" / "fixtures" / "checkpoint-5ad2517.safetensors"
+    want = json.loads(path.with_suffix(".json").read_text())
+    meta = checkpoint.read_metadata(path)
+    assert meta["git"] == "5ad2517" and meta["method"] == "opt" and meta["best"]["step"] == 0
+    model, tok = Bert.from_pretrained(path), load_tokenizer(path)
+    for pooling, vectors in want["vectors"].items():
+        got = bert.encode(model, tok, want["sentences"], pooling)
+        assert np.array_equal(got, np.asarray(vectors, dtype=np.float32)), pooling
