@@ -56,6 +56,7 @@ import bert
 import checkpoint
 import data
 import sg_loss
+import train
 import transfer
 
 # -----------------------------------------------------------------------------
@@ -325,7 +326,6 @@ def make_step_run(impl, path, data_dir=None, batch_size=16, steps=1, device="cpu
     the regulariser. Both start from the same weights, the same head and the same batches, at the same lr of the
     schedule, so they compute the same numbers (dropout=False makes them deterministic). precision: "fp32" or
     "bf16" (autocast of the encoders and the head, as train.py's --precision); default as train.py."""
-    import train  # the one import from the floor above: the step measured is train.py's own
     device = torch.device(device)
     batches = itertools.cycle(step_batches(path, data_dir, batch_size, device=device))
     flags = ["--model", str(path), "--seed", str(seed), "--tau", str(tau), "--lam", str(lam), "--lr", str(lr),
@@ -353,7 +353,6 @@ def make_step_run(impl, path, data_dir=None, batch_size=16, steps=1, device="cpu
 def reference_step_run(path, cfg, batches, counter, steps, device):
     """The reference side of make_step_run: transformers.BertModel, the official loss, the norm-loop regulariser and
     torch's per-parameter AdamW (the nearest stand-in for the transformers.AdamW the official code used)."""
-    import train
     bert_F = hf_bert(path).to(device).train(cfg.dropout == "on")
     bert_T = copy.deepcopy(bert_F).train(cfg.dropout == "on").requires_grad_(True)
     bert_T.embeddings.requires_grad_(False)  # as train.py: BERT_T's embeddings stay frozen
@@ -788,7 +787,7 @@ def bench_transfer(results, args):
         data_dir = data.resolve_data_dir(args.data_dir, fetch=False)
     except data.DataError as e:
         return skip(results, "transfer", f"no data folder ({e})")
-    tasks = [t for t in args.transfer_tasks.split(",") if t]
+    tasks = args.transfer_tasks
     assert tasks and all(t in data.TRANSFER for t in tasks), f"--transfer-tasks: choose from {','.join(data.TRANSFER)}"
     nhid = transfer.TRANSFER_CONFIGS[args.transfer_config]
     model = bert.Bert.from_pretrained(path).to(get_device(args))
@@ -845,40 +844,59 @@ SECTIONS = {"loss": bench_loss, "encoder": bench_encoder, "step": bench_step, "p
 DEFAULT = [s for s in SECTIONS if s != "epoch"]  # an epoch of bert-base is about an hour on a CPU: asked for by name
 
 
-def main():
-    ap = argparse.ArgumentParser(description="Side-by-side benchmarks of sgbert against its references.")
-    ap.add_argument("--json", help="also write the results to this JSON file")
-    ap.add_argument("--only", default=",".join(DEFAULT), help=f"comma-separated sections out of {','.join(SECTIONS)} "
-                    "(default: all but epoch)")
-    ap.add_argument("--repeats", type=int, default=7, help="timed runs per contender (medians are reported)")
-    ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
-                    help="device of the encoder, step and sts sections (auto: cuda when available); loss is CPU only")
-    ap.add_argument("--data-dir", default=None, help="data folder (default $SG_DATA, else ./data); without one, step "
-                    "uses synthetic sentences and sts is skipped")
-    ap.add_argument("--ddp-steps", type=int, default=20, help="ddp: training steps per run")
-    ap.add_argument("--epoch-steps", type=int, default=0, help="epoch: stop after N steps and extrapolate (0: the "
-                    "whole epoch)")
-    ap.add_argument("--epoch-precision", choices=["fp32", "bf16"], help="epoch: train.py --precision (default: "
-                    "train.py's, bf16 on CUDA)")
-    ap.add_argument("--sts-batch", type=int, default=64, help="batch size of the length-sorted side of sts")
-    ap.add_argument("--transfer-tasks", default=",".join(data.TRANSFER), help="transfer: comma-separated tasks")
-    ap.add_argument("--transfer-config", default="paper", choices=["paper", "simcse"],
-                    help="transfer: the classifier (evaluate.py --transfer-config)")
-    ap.add_argument("--transfer-pooling", default="cls", choices=bert.POOLINGS, help="transfer: the sentence vector")
-    ap.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice); 1 is steadier on a "
-                    "machine shared with other jobs")
-    ap.add_argument("--peak-child", help=argparse.SUPPRESS)  # internal: one peak_rss_mb measurement
-    args = ap.parse_args()
+def names_of(known, what):
+    """An argparse type: a comma-separated list of names out of `known`, at least one, each once."""
+    def parse(spec):
+        names = list(dict.fromkeys(x.strip() for x in spec.split(",") if x.strip()))
+        unknown = [x for x in names if x not in known]
+        if unknown or not names:
+            raise argparse.ArgumentTypeError(f"{spec!r}: {'unknown ' + what + ' ' + ', '.join(unknown) if unknown else 'no ' + what}"
+                                             f"; choose from {','.join(known)}")
+        return names
+    return parse
+
+
+def get_args(argv=None):
+    ap = argparse.ArgumentParser(description="Side-by-side benchmarks of sgbert against its references.",
+                                 epilog="example: python bench.py --only step,sts --device cpu --json bench.json")
+    ap.error = checkpoint.die  # a bad flag is one line
+    a, n = ap.add_argument, train.at_least
+    a("--json", help="also write the results to this JSON file")
+    a("--only", type=names_of(list(SECTIONS), "section"), default=DEFAULT,
+      help=f"comma-separated sections out of {','.join(SECTIONS)} (default: all but epoch)")
+    a("--repeats", type=n(1), default=7, help="timed runs per contender (medians are reported; default: %(default)s)")
+    a("--device", default="auto", choices=["auto", "cpu", "cuda"],
+      help="device of the encoder, step, wk and sts sections (auto: cuda when available); loss is CPU only")
+    a("--data-dir", default=None, help="data folder (default $SG_DATA, else ./data); without one, step uses synthetic "
+      "sentences and sts and wk are skipped")
+    a("--ddp-steps", type=n(1), default=20, help="ddp: training steps per run (default: %(default)s)")
+    a("--epoch-steps", type=n(0), default=0, help="epoch: stop after N steps and extrapolate (0: the whole epoch)")
+    a("--epoch-precision", choices=["fp32", "bf16"], help="epoch: train.py --precision (default: train.py's, bf16 on "
+      "CUDA)")
+    a("--sts-batch", type=n(1), default=64, help="batch size of the length-sorted side of sts (default: %(default)s)")
+    a("--transfer-tasks", type=names_of(data.TRANSFER, "task"), default=data.TRANSFER,
+      help="transfer: comma-separated tasks (default: all 7)")
+    a("--transfer-config", default="paper", choices=["paper", "simcse"],
+      help="transfer: the classifier (evaluate.py --transfer-config; default: %(default)s)")
+    a("--transfer-pooling", default="cls", choices=bert.POOLINGS, help="transfer: the sentence vector (default: cls)")
+    a("--threads", type=n(1), help="torch CPU threads (default: torch's choice); 1 is steadier on a machine shared "
+      "with other jobs")
+    a("--peak-child", help=argparse.SUPPRESS)  # internal: one peak_rss_mb measurement
+    args = ap.parse_args(argv)
+    try:
+        args.json and checkpoint.check_output(args.json, ".json")  # before the runs, not after an hour of them
+    except checkpoint.LoadError as e:
+        checkpoint.die(f"--json {e}")
+    return args
+
+
+def main(argv=None):
+    args = get_args(argv)
     if args.peak_child:
         return _peak_child(json.loads(args.peak_child))
     if args.threads:
         torch.set_num_threads(args.threads)
-    if args.json and not Path(args.json).resolve().parent.is_dir():  # before the runs, not after an hour of them
-        ap.error(f"--json {args.json}: the folder {Path(args.json).resolve().parent} does not exist")
-    names = [s for s in args.only.split(",") if s]
-    unknown = [s for s in names if s not in SECTIONS]
-    if unknown:
-        ap.error(f"--only: unknown section(s) {unknown}, choose from {list(SECTIONS)}")
+    names = args.only
     results = {"env": dict(torch=torch.__version__, python=platform.python_version(), machine=platform.machine(),
                            cpus=os.cpu_count(), torch_threads=torch.get_num_threads(),
                            cuda=torch.cuda.get_device_name() if torch.cuda.is_available() else None)}

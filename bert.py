@@ -257,7 +257,8 @@ class Bert(nn.Module):
 #   HF BertForPreTraining / BertForMaskedLM (bert-base-uncased): "bert." prefix, LayerNorm.gamma / LayerNorm.beta
 PREFIX = "bert."
 RENAMES = {"LayerNorm.gamma": "LayerNorm.weight", "LayerNorm.beta": "LayerNorm.bias"}
-IGNORED = ("cls.", "pooler.", "embeddings.position_ids")  # pretraining heads, the pooler (we use raw [CLS]), a buffer
+IGNORED = ("cls.", "pooler.", "embeddings.position_ids",  # pretraining heads, the pooler (we use raw [CLS]), a buffer
+           checkpoint.TRANSFORM_PREFIX)  # a fitted transform of the sentence vectors (posthoc.py), not BERT's weights
 
 
 def hf_key(key):
@@ -381,30 +382,35 @@ def pool(hidden_states, attention_mask, pooling="cls", layer=-1):
 POOLINGS = ("cls", "mean", "max", "first-last", "last2")
 
 
-def encode(model, tokenizer, sentences, pooling="cls", layer=-1, batch_size=64):
+def encode(model, tokenizer, sentences, pooling="cls", layer=-1, batch_size=64, dropout=False, progress=None):
     """Embed sentences: numpy float32 (n, H), in input order. Batches hold sentences of similar length,
-    which cuts the padding (and the time) several-fold on real data."""
-    return encode_many(model, tokenizer, sentences, [(pooling, layer)], batch_size)[pooling, layer]
+    which cuts the padding (and the time) several-fold on real data. pooling: a name of POOLINGS, or a function
+    (hidden_states, attention_mask) -> (B, H) such as WK pooling (wk.py). dropout: BERT's dropout stays on
+    (BERT-flow's code fits its flow on vectors made so). progress(done, total): called after each batch."""
+    return encode_many(model, tokenizer, sentences, [(pooling, layer)], batch_size, dropout, progress)[pooling, layer]
 
 
 @torch.inference_mode()
-def encode_many(model, tokenizer, sentences, specs, batch_size=64):
+def encode_many(model, tokenizer, sentences, specs, batch_size=64, dropout=False, progress=None):
     """encode for several (pooling, layer) pairs from one forward pass per batch: {(pooling, layer): (n, H)}."""
     L = model.config.num_hidden_layers
     for pooling, layer in specs:
-        assert pooling in POOLINGS, f"unknown pooling '{pooling}': use one of {POOLINGS}"
+        assert callable(pooling) or pooling in POOLINGS, f"unknown pooling '{pooling}': use one of {POOLINGS}"
         assert -L - 1 <= layer <= L, f"layer {layer} out of range for a model with {L} layers (0..{L})"
     device = next(model.parameters()).device
     out = {spec: np.zeros((len(sentences), model.config.hidden_size), dtype=np.float32) for spec in specs}
     encodings = tokenizer.encode_batch(list(sentences)) if len(sentences) else []
     order = sorted(range(len(sentences)), key=lambda i: len(encodings[i].ids))
     was_training = model.training
-    model.eval()
+    model.train(dropout)
     for s in range(0, len(order), batch_size):
         idx = order[s:s + batch_size]
         ids, mask = batch_tensors([encodings[i] for i in idx], model.config.pad_token_id, device)
         hidden_states = model(ids, mask)
         for (pooling, layer), arr in out.items():
-            arr[idx] = pool(hidden_states, mask, pooling, layer).float().cpu().numpy()
+            v = pooling(hidden_states, mask) if callable(pooling) else pool(hidden_states, mask, pooling, layer)
+            arr[idx] = v.float().cpu().numpy()
+        if progress:
+            progress(s + len(idx), len(order))
     model.train(was_training)
     return out

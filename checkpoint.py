@@ -60,6 +60,13 @@ TRANSFORM_PREFIX = "transform."
 # model folders and the hub
 
 
+def display_name(name_or_path):
+    """How records name a model or a file: a hub-style name as the user gave it ("bert-base-uncased"), a path by its
+    own name ("all-MiniLM-L6-v2", "sg.safetensors"): never this machine's folders."""
+    s = str(name_or_path)
+    return (Path(s).name or s) if Path(s).is_absolute() or Path(s).exists() else s
+
+
 def resolve(name_or_path):
     """Path of a model: an existing path as is, else weights/<name>/, downloaded from the hub if missing."""
     p, name = Path(name_or_path), str(name_or_path)

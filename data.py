@@ -10,7 +10,9 @@ SentEval/senteval/sts.py: STS-B and SICK-R read as unsupervised STS tasks on the
 The data dir is --data-dir, else $SG_DATA, else ./data. `python data.py --download` fetches both.
 """
 import argparse
+import csv
 import gzip
+import math
 import os
 import shutil
 import sys
@@ -189,6 +191,34 @@ def load_task(name, data_dir):
     return {subset: sts_subset(folder, subset) for subset in COUNTS[name]}
 
 
+def load_pairs_file(path):
+    """Your own STS data: rows of (sentence1, sentence2, score), tab-separated, or comma-separated in a .csv (quoted
+    fields as the csv module reads them), a header row optional (a first row whose score is not a number). Any finite
+    scores: the Spearman needs only their order. -> (s1, s2, gold float64); a bad row is a DataError naming its line."""
+    path = Path(path)
+    if path.is_dir() or not path.is_file():
+        raise DataError(f"--pairs {path}: {'is a folder' if path.is_dir() else 'not found'}; give a file of "
+                        "'sentence1<TAB>sentence2<TAB>score' rows (or a .csv of the same three columns)")
+    lines = read_lines(path)
+    rows_in = csv.reader(lines) if path.suffix.lower() == ".csv" else (line.split("\t") for line in lines)
+    rows = []
+    for i, cols in enumerate(rows_in, start=1):
+        if not "".join(cols).strip():
+            continue  # a blank line
+        if len(cols) != 3:
+            raise DataError(f"{path}:{i}: expected 3 columns (sentence1, sentence2, score), found {len(cols)}")
+        try:
+            y = float(cols[2])
+        except ValueError:
+            if i == 1:
+                continue  # the header
+            raise DataError(f"{path}:{i}: score {cols[2].strip()!r} is not a number") from None
+        if not math.isfinite(y):
+            raise DataError(f"{path}:{i}: score {cols[2].strip()!r} is not a finite number")
+        rows.append((i, cols[0].strip(), cols[1].strip(), y))
+    return scored_pairs(rows, path)
+
+
 def training_sentences(spec, data_dir=None):
     """Unlabelled training sentences. "stsb": both sentences of every row of stsbenchmark.tsv.gz (train, dev and test:
     17,256 sentences, what the official code trains on). Otherwise a UTF-8 text file, one sentence per line, or a
@@ -197,10 +227,13 @@ def training_sentences(spec, data_dir=None):
     if spec == "stsb":
         return [s for r in read_stsb_tsv(Path(data_dir) / STSB_FILE) for s in (r[6], r[7])]
     path = Path(spec)
+    if path.is_dir():
+        raise DataError(f"training data {path} is a folder: give 'stsb', a UTF-8 text file with one sentence per line, "
+                        "or a .tsv of 'sentence<TAB>paraphrase' pairs")
     if not path.is_file():
         raise DataError(f"training data {path} not found: give 'stsb', a UTF-8 text file with one sentence per line, "
                         "or a .tsv of 'sentence<TAB>paraphrase' pairs")
-    out = []
+    pairs, out = path.suffix.lower() == ".tsv", []
     for i, raw in enumerate(path.read_bytes().split(b"\n")):
         try:
             line = raw.decode("utf-8-sig" if i == 0 else "utf-8").strip("\r\n")
@@ -208,7 +241,7 @@ def training_sentences(spec, data_dir=None):
             raise DataError(f"{path}:{i + 1}: line is not valid UTF-8 (save the file as UTF-8)") from None
         if not printable(line):
             continue  # blank, or control characters only: not a sentence
-        if path.suffix != ".tsv":
+        if not pairs:
             out.append(line.strip())
             continue
         pair = tuple(x.strip() for x in line.split("\t"))
@@ -216,6 +249,9 @@ def training_sentences(spec, data_dir=None):
             raise DataError(f"{path}:{i + 1}: expected 'sentence<TAB>paraphrase' (2 non-empty columns), found "
                             f"{len(pair)} column(s): {line[:80]!r}")
         out.append(pair)
+    if not pairs and sum("\t" in x for x in out) > len(out) / 2:
+        print(f"warning: most lines of {path} contain a TAB, but it is read as one sentence per line (TABs and all); "
+              "for (sentence, paraphrase) pairs name it .tsv", file=sys.stderr)
     if not out:
         raise DataError(f"{path}: no sentences (the file is empty or blank)")
     return out

@@ -30,6 +30,7 @@ if __name__ == "__main__":  # Ctrl-C while torch loads: one line and exit code 1
 import argparse
 import math
 import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -38,13 +39,16 @@ from scipy.stats import spearmanr
 
 import bert
 import checkpoint
+import posthoc
 import transfer
+import wk
 from checkpoint import die
-from data import TASKS, TRANSFER, DataError, load_stsb, load_task, resolve_data_dir
+from data import TASKS, TRANSFER, DataError, load_pairs_file, load_stsb, load_task, resolve_data_dir
 
 PROTOCOLS = ("all", "wmean", "mean")
 SHORT = {"STSBenchmark": "STS-B", "SICKRelatedness": "SICK-R"}  # MTEB's names, for the printed table
 LAYERWISE_POOLINGS = ("cls", "mean", "max")
+SUMMARY = ("avg", "sentences", "sentences_per_s", "seconds")  # evaluate_sts's keys that are not tasks
 TASK_SETS = {"sts": TASKS, "transfer": TRANSFER, "all": TASKS + TRANSFER}  # --tasks shorthands
 
 
@@ -80,10 +84,65 @@ def similarities(emb, index, s1, s2):
     return cosine(emb[[index[s] for s in s1]], emb[[index[s] for s in s2]])
 
 
-def sentence_vectors(model, tokenizer, pooling="cls", layer=-1, batch_size=64):
-    """vectors(sentences) -> (n, H) float32: the one thing every evaluation takes (bert.encode's pooling here; a
-    fitted transform or another pooling is another such function)."""
-    return lambda sentences: bert.encode(model, tokenizer, sentences, pooling=pooling, layer=layer, batch_size=batch_size)
+def sentence_vectors(model, tokenizer, pooling="cls", layer=-1, batch_size=64, wk_args=None, transform=None,
+                     log=None):
+    """vectors(sentences) -> (n, H) float32: the one thing every evaluation takes. pooling: a name of bert.POOLINGS,
+    or "wk" (wk.py; wk_args = (layer_start, window)); transform: a fitted map of the pooled vectors (posthoc.py:
+    whitening, a flow); log: where a running count goes while a large set is encoded."""
+    if pooling == "wk":
+        start, window = wk_args or (wk.default_layer_start(model.config.num_hidden_layers), 2)
+        pooling = partial(wk.wk_pool, layer_start=start, window=window)
+
+    def vectors(sentences):
+        x = bert.encode(model, tokenizer, sentences, pooling=pooling, layer=layer, batch_size=batch_size,
+                        progress=Counter(log) if log and len(sentences) >= 2000 else None)
+        return x if transform is None else transform(x)
+    return vectors
+
+
+class Counter:
+    """progress(done, total) of a long encoding: a line every 10 s (a log file stays readable)."""
+
+    def __init__(self, log):
+        self.log, self.t0, self.last = log, time.perf_counter(), time.perf_counter()
+
+    def __call__(self, done, total):
+        now = time.perf_counter()
+        if now - self.last >= 10 and done < total:
+            self.last = now
+            self.log(f"  encoding: {done}/{total} sentences, {now - self.t0:.0f} s")
+
+
+def make_transform(info, tensors):
+    """The fitted map a checkpoint records (metadata 'transform', its tensors without the prefix) as a function of the
+    pooled vectors, numpy (n, H) -> (n, K) float32."""
+    if info.get("kind") == "whitening":
+        mu, W = tensors["mu"], tensors["W"]
+        return lambda x: posthoc.whiten(torch.from_numpy(x), mu, W).float().numpy()
+    if info.get("kind") == "flow":
+        flow = posthoc.Glow.from_config(info["config"])
+        flow.load_state_dict(tensors)
+        flow.eval()
+
+        @torch.no_grad()
+        def apply(x):
+            return flow(torch.from_numpy(x).float())[0].numpy()
+        return apply
+    raise ValueError(f"unknown transform kind {info.get('kind')!r} (this sgbert knows whitening and flow)")
+
+
+def load_with_transform(path, device="cpu"):
+    """A checkpoint's model on `device`, and its fitted transform (None when it has none)."""
+    model, meta = bert.Bert.from_pretrained(path).to(device), checkpoint.read_metadata(path)
+    if not meta.get("transform"):
+        return model, None
+    p = checkpoint.TRANSFORM_PREFIX
+    tensors = {k[len(p):]: v for k, v in checkpoint.read_tensors(path).items() if k.startswith(p)}
+    try:
+        return model, make_transform(meta["transform"], tensors)
+    except (KeyError, RuntimeError, ValueError, TypeError) as e:
+        raise checkpoint.LoadError(f"{path}: its {meta['transform'].get('kind')} transform cannot be rebuilt ({e}); "
+                                   "was it written by this version of train.py?") from None
 
 
 def progress(msg):
@@ -92,13 +151,16 @@ def progress(msg):
 
 def evaluate_sts(vectors, tasks, data_dir, log=progress):
     """Spearman x100 of every task in every protocol: {task: {"all", "wmean", "mean"}, "avg": ..., "sentences",
-    "sentences_per_s", "seconds"}. Each task's sentences are encoded once, even when they repeat across pairs and
+    "sentences_per_s", "seconds"}. A task is one of data.TASKS or the path of your own pairs file (--pairs; its row
+    is named by the file's name). Each task's sentences are encoded once, even when they repeat across pairs and
     subsets. log: where the per-task progress lines go."""
     t0 = time.perf_counter()
     results, n_sent, t_enc = {}, 0, 0.0
-    for name in tasks:
-        data = load_task(name, data_dir)
+    for task in tasks:
+        data, name = (load_task(task, data_dir), task) if task in TASKS else ({"pairs": load_pairs_file(task)},
+                                                                              Path(task).name)
         uniq, index = unique_sentences(data.values())
+        log(f"{SHORT.get(name, name)}: encoding {len(uniq)} sentences ...")
         t = time.perf_counter()
         emb = vectors(uniq)  # (n, H)
         t_enc += time.perf_counter() - t
@@ -107,7 +169,8 @@ def evaluate_sts(vectors, tasks, data_dir, log=progress):
                                         for k, (s1, s2, gold) in data.items()})
         log(f"{SHORT.get(name, name)}: {len(uniq)} sentences, {time.perf_counter() - t:.1f} s, "
             f"Spearman {results[name]['all']:.2f}")
-    results["avg"] = {p: float(np.mean([results[name][p] for name in tasks])) for p in PROTOCOLS}
+    names = [k for k in results]
+    results["avg"] = {p: float(np.mean([results[name][p] for name in names])) for p in PROTOCOLS}
     results.update(sentences=n_sent, sentences_per_s=n_sent / max(t_enc, 1e-9), seconds=time.perf_counter() - t0)
     return results
 
@@ -216,10 +279,15 @@ def get_args(argv=None):
     src.add_argument("--model", help="model folder, or a name resolved as weights/<name>/ (e.g. bert-base-uncased)")
     src.add_argument("--ckpt", help="a .safetensors checkpoint written by train.py")
     a = p.add_argument
-    a("--pooling", choices=bert.POOLINGS, help="sentence vector (default: the pooling a --ckpt records, e.g. last2 for "
-      "ConSERT; else cls)")
-    a("--layer", type=int, default=-1, help="hidden state to pool, 0 = embeddings (default: -1, the last)")
-    a("--tasks", nargs="+", default=["sts"], metavar="TASK", choices=TASKS + list(SHORT.values()) + TRANSFER + list(TASK_SETS),
+    a("--pooling", choices=[*bert.POOLINGS, "wk"], help="sentence vector (default: the pooling a --ckpt records, e.g. "
+      "last2 for ConSERT; else cls). wk: WK pooling (Wang and Kuo 2020) over layers --wk-layer-start..l")
+    a("--layer", type=int, default=None, help="hidden state to pool, 0 = embeddings (default: -1, the last)")
+    a("--wk-layer-start", type=int, help="wk: the first hidden state used (default: l // 3, e.g. 4 for a 12-layer "
+      "BERT, 2 for all-MiniLM-L6-v2; the SBERT-WK code's 4 for BERT-base)")
+    a("--wk-window", type=int, help="wk: context window, layers on each side (default: 2, the SBERT-WK code's)")
+    a("--pairs", nargs="+", metavar="FILE", help="your own STS data: files of 'sentence1<TAB>sentence2<TAB>score' rows "
+      "(or a .csv of the same three columns; header optional), scored like the STS tasks (default tasks: none then)")
+    a("--tasks", nargs="+", default=None, metavar="TASK", choices=TASKS + list(SHORT.values()) + TRANSFER + list(TASK_SETS),
       help=f"tasks to run: any of {' '.join(TASKS)} {' '.join(TRANSFER)}, or sts (the 7 STS tasks, the default), "
       "transfer (the 7 transfer tasks), all (both)")
     a("--transfer-config", default="paper", choices=list(transfer.TRANSFER_CONFIGS),
@@ -255,17 +323,30 @@ def check_args(args):
             die("--plot needs matplotlib: pip install matplotlib (or drop --plot; the table has the same numbers)")
     if args.batch_size < 1:
         die(f"--batch-size must be at least 1, not {args.batch_size}")
+    wk_flags = [f for f, v in (("--wk-layer-start", args.wk_layer_start), ("--wk-window", args.wk_window)) if v is not None]
+    if wk_flags and args.pooling != "wk":
+        die(f"{wk_flags[0]} is a setting of WK pooling: add --pooling wk, or drop it")
+    if args.wk_window is not None and args.wk_window < 1:
+        die(f"--wk-window {args.wk_window}: must be at least 1 (layers on each side of the centre layer)")
+    if args.pooling == "wk" and args.layer is not None:
+        die("--layer means nothing with --pooling wk (it pools layers --wk-layer-start..l): drop it")
+    args.layer = -1 if args.layer is None else args.layer
+    args.tasks = args.tasks or ([] if args.pairs else ["sts"])
     if args.device == "cuda" and not torch.cuda.is_available():
         die("--device cuda, but torch sees no CUDA device (use --device cpu)")
 
 
 def load(args):
-    """The model, its tokenizer and its checkpoint metadata ({} for a model folder), checked."""
-    name = args.ckpt or args.model
+    """The model, its tokenizer, its checkpoint metadata ({} for a model folder) and its fitted transform (None
+    without one), checked."""
+    name, transform = args.ckpt or args.model, None
     try:
         if args.ckpt:
             checkpoint.check_checkpoint_path(args.ckpt)
-        model = bert.Bert.from_pretrained(name)  # truncate at the model's own limit (128 at most, as SentEval runs)
+            model, transform = load_with_transform(name)
+        else:
+            model = bert.Bert.from_pretrained(name)
+        # truncate at the model's own limit (128 at most, as SentEval runs)
         tokenizer = bert.load_tokenizer(name, max_len=min(128, model.config.max_position_embeddings))
         meta = checkpoint.read_metadata(name) if args.ckpt else {}
     except checkpoint.LoadError as e:  # its message names the file and what to do
@@ -275,12 +356,22 @@ def load(args):
     L = model.config.num_hidden_layers
     if not -L - 1 <= args.layer <= L:
         die(f"--layer {args.layer} out of range: {name} has layers 0..{L} (or -1..-{L + 1} from the top)")
-    return model, tokenizer, meta
+    if args.wk_layer_start is not None and not 0 <= args.wk_layer_start <= L - 2:
+        die(f"--wk-layer-start {args.wk_layer_start}: {name} has hidden states 0..{L}; WK needs at least three of them, "
+            f"so give 0..{L - 2}")
+    start = wk.default_layer_start(L) if args.wk_layer_start is None else args.wk_layer_start
+    if args.wk_window is not None and args.wk_window > L - start:
+        die(f"--wk-window {args.wk_window}: the {L + 1 - start} hidden states {start}..{L} allow a window of 1.."
+            f"{L - start}")
+    if transform and args.pooling not in (None, meta.get("pooling")):
+        die(f"--pooling {args.pooling}: {name} holds a {meta['transform'].get('kind')} fitted on {meta.get('pooling')} "
+            f"vectors; drop --pooling")
+    return model, tokenizer, meta, transform
 
 
 def pairs_plot(args, model, tokenizer, meta, data_dir):
     """The paper's Figure 5: the checkpoint beside the base model it records."""
-    base, name = meta.get("base_model"), args.ckpt
+    base, name = (meta.get("args") or {}).get("model") or meta.get("base_model"), args.ckpt  # args: the path as given
     try:
         before = bert.Bert.from_pretrained(base).to(model.embeddings.word_embeddings.weight.device)
         before_tok = bert.load_tokenizer(base, tokenizer.truncation["max_length"])
@@ -293,13 +384,19 @@ def pairs_plot(args, model, tokenizer, meta, data_dir):
     print(f"pairs plot (paper Fig. 5) written to {args.pairs_plot}")
 
 
-def run_tasks(args, model, tokenizer, data_dir):
+def run_tasks(args, model, tokenizer, data_dir, transform=None):
     """The results of the asked tasks, in the --json shape (less model and device)."""
     tasks = [{v: k for k, v in SHORT.items()}.get(t, t) for t in args.tasks]
     tasks = list(dict.fromkeys(x for t in tasks for x in TASK_SETS.get(t, [t])))  # expand sets, drop repeats
     sts, trans = [t for t in tasks if t in TASKS], [t for t in tasks if t in TRANSFER]
-    vectors = sentence_vectors(model, tokenizer, args.pooling, args.layer, args.batch_size)
+    sts += args.pairs or []
+    L = model.config.num_hidden_layers
+    wk_args = (wk.default_layer_start(L) if args.wk_layer_start is None else args.wk_layer_start, args.wk_window or 2)
+    vectors = sentence_vectors(model, tokenizer, args.pooling, args.layer, args.batch_size, wk_args, transform,
+                               log=progress)
     results = {"pooling": args.pooling, "layer": args.layer, "sts": None, "transfer": None, "layerwise": None}
+    if args.pooling == "wk":
+        results["wk"] = {"layer_start": wk_args[0], "window": wk_args[1]}
     if args.layerwise:
         t0 = time.perf_counter()
         results["layerwise"] = layerwise(model, tokenizer, data_dir, args.batch_size)
@@ -323,7 +420,7 @@ def report(args, results, name, device):
         return
     where = f"{name} | pooling {args.pooling} | layer {args.layer} | device {device}"
     if results["sts"]:
-        print_table(results["sts"], [t for t in results["sts"] if t in TASKS], f"STS Spearman x100 | {where}")
+        print_table(results["sts"], [t for t in results["sts"] if t not in SUMMARY], f"STS Spearman x100 | {where}")
     if results["transfer"]:
         transfer.print_transfer(results["transfer"], [t for t in results["transfer"] if t in TRANSFER],
                                 f"SentEval transfer accuracy x100 | {where} | classifier {args.transfer_config}")
@@ -332,7 +429,7 @@ def report(args, results, name, device):
 def main(argv=None):
     args = get_args(argv)
     check_args(args)
-    model, tokenizer, meta = load(args)
+    model, tokenizer, meta, transform = load(args)
     args.pooling = args.pooling or meta.get("pooling") or "cls"  # the method's own evaluation pooling
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
     model.to(device)
@@ -341,7 +438,8 @@ def main(argv=None):
         data_dir = resolve_data_dir(args.data_dir, need_stsb=False)
         if args.pairs_plot:
             return pairs_plot(args, model, tokenizer, meta, data_dir)
-        results = {"model": name, "device": device, **run_tasks(args, model, tokenizer, data_dir)}
+        results = {"model": checkpoint.display_name(name), "device": device,
+                   **run_tasks(args, model, tokenizer, data_dir, transform)}
     except DataError as e:
         die(e)
     report(args, results, name, device)

@@ -19,6 +19,7 @@ from pathlib import Path
 if __name__ == "__main__":  # Ctrl-C while torch loads: one line and exit code 130, not a traceback from an import
     signal.signal(signal.SIGINT, lambda *_: (print("export.py: interrupted", file=sys.stderr), os._exit(130)))
 
+import safetensors.torch
 import torch
 
 import bert
@@ -40,7 +41,7 @@ def export(src, out_dir, force=False):
         if out.is_dir() and any(out.iterdir()) and not force:
             raise FileExistsError(f"{out} is not empty; pass --force to replace it")
         path = checkpoint.resolve(src)
-        meta = checkpoint.read_metadata(path) if path.suffix == ".safetensors" else {"base_model": str(src)}
+        meta = checkpoint.read_metadata(path) if path.suffix == ".safetensors" else {"base_model": checkpoint.display_name(src)}
         model, tok = Bert.from_pretrained(path), bert.load_tokenizer(path)
         files = folder_files(path, out.name, model, tok, meta)
         tmp = checkpoint.temp_path(out)
@@ -48,10 +49,13 @@ def export(src, out_dir, force=False):
             tmp.mkdir(mode=0o755)
             for name, content in files.items():
                 (tmp / name).parent.mkdir(exist_ok=True)
+                if isinstance(content, bytes):  # a module's weights
+                    (tmp / name).write_bytes(content)
+                    continue
                 text = content if isinstance(content, str) else json.dumps(content, indent=2) + "\n"
                 (tmp / name).write_text(text, encoding="utf-8")
             # weights + pooler (model.extra) under HF BertModel names; the metadata keeps it a whole sgbert checkpoint
-            meta = {k: v for k, v in meta.items() if k in checkpoint.META}
+            meta = {k: v for k, v in meta.items() if k in checkpoint.META and k != "transform"}  # (in 2_Dense)
             checkpoint.save_checkpoint(tmp / "model.safetensors", model.tensors(),
                                        {**meta, "config": model.config.to_dict(), "tokenizer": tok.to_str()})
             Bert.from_pretrained(tmp), bert.load_tokenizer(tmp)  # it reads back, before it replaces anything
@@ -84,6 +88,7 @@ def folder_files(path, name, model, tok, meta):
     if st_pooling != pooling:
         print(f"warning: {path} is evaluated with {pooling} pooling, which sentence-transformers cannot express; its "
               f"1_Pooling is the last layer's mean instead (a different vector; the README says so)", file=sys.stderr)
+    dense, dense_files = whitening_dense(path, meta, pooling, st_pooling)
     special = {f"{n}_token": t for n, t in [("unk", "[UNK]"), ("sep", "[SEP]"), ("pad", "[PAD]"), ("cls", "[CLS]"),
                                             ("mask", "[MASK]")] if tok.token_to_id(t) is not None}
     return {
@@ -99,7 +104,8 @@ def folder_files(path, name, model, tok, meta):
         # sentence-transformers, in the classic layout every version reads (module paths kept as aliases in v3+).
         # CLS pooling (!!): without 1_Pooling/config.json it silently mean-pools and scores an SG model wrongly.
         "modules.json": [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-                         {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}],
+                         {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+                         *dense],
         "1_Pooling/config.json": {"word_embedding_dimension": cfg.hidden_size,
                                   **{f"pooling_mode_{m}_tokens" if m != "cls" else "pooling_mode_cls_token": m == st_pooling
                                      for m in ("cls", "mean", "max")}, "pooling_mode_mean_sqrt_len_tokens": False},
@@ -107,7 +113,32 @@ def folder_files(path, name, model, tok, meta):
         "config_sentence_transformers.json": {"prompts": {}, "default_prompt_name": None,
                                               "similarity_fn_name": "cosine"},
         "README.md": export_readme(name, meta, args, best, cfg, max_len, pooling, st_pooling),
+        **dense_files,
     }
+
+
+def whitening_dense(path, meta, pooling, st_pooling):
+    """A whitening checkpoint's y = (x - mu) W as sentence-transformers' Dense module after the pooling: weight W^T,
+    bias -mu W, identity activation -> (its modules.json entry, its files); ([], {}) without a transform. A flow
+    cannot be expressed: refused."""
+    kind = (meta.get("transform") or {}).get("kind")
+    if kind is None:
+        return [], {}
+    if kind != "whitening":
+        raise LoadError(f"{path}: a {kind} checkpoint cannot be exported: sentence-transformers has no module for it "
+                        "(evaluate it with `python evaluate.py --ckpt`)")
+    if st_pooling != pooling:
+        raise LoadError(f"{path}: its whitening was fitted on {pooling} vectors, which sentence-transformers cannot "
+                        "pool; for an exportable whitening fit one on --pooling mean (or cls)")
+    p = checkpoint.TRANSFORM_PREFIX
+    t = checkpoint.read_tensors(path)
+    mu, W = t[p + "mu"].double(), t[p + "W"].double()
+    H, K = W.shape
+    weights = {"linear.weight": W.T.float().contiguous(), "linear.bias": (-mu @ W).float()}
+    return [{"idx": 2, "name": "2", "path": "2_Dense", "type": "sentence_transformers.models.Dense"}], {
+        "2_Dense/config.json": {"in_features": H, "out_features": K, "bias": True,
+                                "activation_function": "torch.nn.modules.linear.Identity"},
+        "2_Dense/model.safetensors": safetensors.torch.save(weights)}
 
 
 def replace_dir(new, out):
@@ -146,6 +177,7 @@ def exchange(a, b):
     return renameat2(AT_FDCWD, os.fsencode(a), AT_FDCWD, os.fsencode(b), RENAME_EXCHANGE) == 0
 
 
+PATHS = ("model", "data", "data_dir", "out", "json")  # arguments that may hold a path: named by their own name
 ST_POOLING = {"cls": "cls", "mean": "mean", "max": "max"}  # sgbert pooling -> sentence-transformers' own
 
 
@@ -169,7 +201,8 @@ def export_readme(name, meta, args, best, cfg, max_len, pooling="cls", st_poolin
                   "with. Use sgbert's `encode` (below) for the evaluated vector.", ""]
     if args:
         lines += ["## Training", "", f"- loss: `{args.get('loss', '?')}`",
-                  "- arguments: " + ", ".join(f"`{k}={v}`" for k, v in args.items())]
+                  "- arguments: " + ", ".join(f"`{k}={checkpoint.display_name(v) if k in PATHS and v else v}`"
+                                              for k, v in args.items())]
         if "dev" in best:
             dev = f"{best['dev']:.2f}" if isinstance(best["dev"], (int, float)) else best["dev"]
             lines += [f"- best STS-B dev Spearman x100: {dev}" + (f" (step {best['step']})" if "step" in best else "")]

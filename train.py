@@ -50,6 +50,7 @@ import bert
 import checkpoint
 import data
 import evaluate
+import posthoc
 import sg_loss
 from checkpoint import die
 
@@ -68,8 +69,15 @@ class Method:
     pooling: str = "cls"  # BERT_T's sentence vector during training
     eval_pooling: str = "cls"  # ... at evaluation, recorded in the checkpoint
     recipe: dict = field(default_factory=dict)
+    ignores: tuple = ()  # flags that mean nothing for this method: refused when given
+    why: str = ""  # ... and why, for the one-line refusal
 
 
+SG_ONLY = ("lam", "view_pooling", "teacher_dropout", "layers")  # flags that mean something for side 2 = BERT_F only
+CONTRASTIVE = (*SG_ONLY, "tau", "aug1", "aug2", "no_proj", "proj_size", "eval_every", "patience", "early_stop",
+               "overfit_batch", "eval_pooling")  # ... for any contrastive method
+GRADIENT = ("lr", "weight_decay", "batch_size", "epochs", "dropout")  # ... for any method with gradient steps
+TWO_PASSES = "its side 2 is a second pass of BERT_T, not BERT_F's views"
 METHODS = {
     "opt": Method("BERT_F", sg_loss.sg_opt),
     "sg": Method("BERT_F", sg_loss.nt_xent, one_view=True),
@@ -77,13 +85,20 @@ METHODS = {
     "opt2": Method("BERT_F", sg_loss.opt2, one_view=True),
     # ConSERT's unsupervised recipe (scripts/unsup-consert-base.sh): NT-Xent over the 2b views, no head
     "consert": Method("BERT_T", sg_loss.nt_xent, head="none", pooling="mean", eval_pooling="last2", recipe=dict(
-        tau=0.1, batch_size=96, max_len=64, lr=5e-7, dropout="off", aug1="feature-cutoff:0.2", aug2="shuffle")),
+        tau=0.1, batch_size=96, max_len=64, lr=5e-7, dropout="off", aug1="feature-cutoff:0.2", aug2="shuffle"),
+        ignores=SG_ONLY, why=TWO_PASSES),
     # SimCSE's unsupervised recipe: InfoNCE of view 1 against view 2 (gradients through both), MLP over [CLS] in
     # training, the raw [CLS] at evaluation
-    "simcse": Method("BERT_T", sg_loss.opt2, head="mlp", recipe=dict(tau=0.05, batch_size=64, max_len=32, lr=3e-5)),
+    "simcse": Method("BERT_T", sg_loss.opt2, head="mlp", recipe=dict(tau=0.05, batch_size=64, max_len=32, lr=3e-5),
+                     ignores=SG_ONLY, why=TWO_PASSES),
+    # the paper's post-hoc baselines (posthoc.py; fit_posthoc below): BERT is not trained, a map of its first-last
+    # vectors is fitted. Flow: bohanli/BERT-flow's defaults (batch 64 sentences, AdamW 1e-3, BERT's dropout on)
+    "whitening": Method("none", None, head="none", pooling="first-last", eval_pooling="first-last",
+                        ignores=CONTRASTIVE + GRADIENT, why="a closed-form fit: no contrast, no gradient steps"),
+    "flow": Method("none", None, head="none", pooling="first-last", eval_pooling="first-last",
+                   recipe=dict(lr=1e-3, batch_size=64), ignores=CONTRASTIVE, why="a flow fitted by likelihood: no contrast"),
 }
 DEFAULTS = dict(tau=0.01, lr=5e-5, batch_size=16, max_len=128, dropout="on", aug1="none", aug2="none")  # SG-OPT's
-SG_ONLY = ("lam", "view_pooling", "teacher_dropout", "layers")  # flags that mean something for side 2 = BERT_F only
 
 # -----------------------------------------------------------------------------
 # one training step
@@ -386,10 +401,11 @@ def finish(run, keeper, stop, stats):
     return result
 
 
-def final_report(cfg, model, tokenizer, data_dir, best, device):
+def final_report(cfg, model, tokenizer, data_dir, best, device, transform=None):
     """STS-B dev and test Spearman of the best weights (the official code evaluates the last ones by mistake), and
     the STS-B test inference time (the paper's Table 6); with --eval-all the 7-task table."""
-    vectors = evaluate.sentence_vectors(model, tokenizer, cfg.eval_pooling, batch_size=cfg.eval_batch_size)
+    vectors = evaluate.sentence_vectors(model, tokenizer, cfg.eval_pooling, batch_size=cfg.eval_batch_size,
+                                        transform=transform)
     print("encoding STS-B dev and test ...", flush=True)
     dev = evaluate.stsb_spearman(vectors, data_dir, "dev")
     sync(device); t0 = time.perf_counter()
@@ -412,14 +428,70 @@ def sync(device):
         torch.cuda.synchronize()
 
 # -----------------------------------------------------------------------------
+# the post-hoc baselines: BERT stays as it is, a map of its sentence vectors is fitted (posthoc.py)
+
+
+def fit_posthoc(cfg, device):
+    """--loss whitening | flow: the training sentences' vectors from the base model, the transform fitted on them,
+    saved with the base weights (its tensors under checkpoint.TRANSFORM_PREFIX), then the usual final report."""
+    model, tokenizer, examples, data_dir = load_inputs(cfg)
+    sentences = [s for e in examples for s in (e if isinstance(e, tuple) else (e,))]  # pairs: both sides
+    H = model.config.hidden_size
+    if cfg.whiten_dim and cfg.whiten_dim > H:
+        die(f"--whiten-dim {cfg.whiten_dim}: {cfg.model} has {H} dimensions; give 1..{H}")
+    if cfg.loss == "flow" and cfg.batch_size > len(sentences):
+        die(f"--batch-size {cfg.batch_size}: the flow's batches are full ones, and --data has {len(sentences)} "
+            "sentences; give a smaller --batch-size")
+    try:
+        lock = checkpoint.output_lock(cfg.out)  # one run per --out: a second one refuses in one line
+        lock.__enter__()
+    except checkpoint.OutputLocked as e:
+        die(e)
+    with contextlib.ExitStack() as held:
+        held.push(lock.__exit__)
+        t0 = time.time()
+        dropout = cfg.loss == "flow" and cfg.dropout == "on"
+        print(f"encoding {len(sentences)} training sentences ({cfg.pooling}{', dropout on' if dropout else ''}) ...",
+              flush=True)
+        x = bert.encode(model.to(device), tokenizer, sentences, cfg.pooling, batch_size=cfg.eval_batch_size,
+                        dropout=dropout, progress=evaluate.Counter(print))
+        if cfg.loss == "whitening":
+            mu, W = posthoc.fit_whitening(x, cfg.whiten_dim)
+            tensors, info, stats = {"mu": mu, "W": W}, {"kind": "whitening", "dim": W.shape[1]}, {"steps": 0, "losses": []}
+        else:
+            flow, stats = posthoc.fit_flow(torch.from_numpy(x), epochs=cfg.epochs, batch_size=cfg.batch_size,
+                                           lr=cfg.lr, weight_decay=cfg.weight_decay, seed=cfg.seed,
+                                           max_steps=cfg.max_steps, log=print)
+            tensors, info = flow.state_dict(), {"kind": "flow", "config": flow.config()}
+        fit_seconds = time.time() - t0
+        transform = evaluate.make_transform(info, tensors)
+        dev = evaluate.stsb_spearman(evaluate.sentence_vectors(model, tokenizer, cfg.eval_pooling, transform=transform,
+                                                               batch_size=cfg.eval_batch_size), data_dir, "dev")
+        meta = {"tokenizer": tokenizer.to_str(), "base_model": checkpoint.display_name(cfg.model), "args": vars(cfg), "git": git_sha(),
+                "pooling": cfg.eval_pooling, "method": cfg.loss, "config": model.config.to_dict(), "transform": info,
+                "best": {"step": stats["steps"], "dev": dev}}
+        checkpoint.save_checkpoint(cfg.out, {**model.tensors(), **{checkpoint.TRANSFORM_PREFIX + k: v.detach().cpu()
+                                                                  for k, v in tensors.items()}}, meta)
+        print(f"{cfg.loss} fitted on {len(sentences)} sentences in {fit_seconds:.1f} s | STS-B dev {dev:.2f} | "
+              f"written to {cfg.out}")
+    model, transform = evaluate.load_with_transform(cfg.out, device)  # what evaluate.py --ckpt will see
+    result = final_report(cfg, model, tokenizer, data_dir, meta["best"], device, transform)
+    result.update(steps=stats["steps"], losses=stats["losses"], wall_seconds=time.time() - t0, stop=None,
+                  fit_seconds=fit_seconds, ms_per_step=1000 * stats.get("seconds", 0.0) / max(stats["steps"], 1))
+    if cfg.json:
+        checkpoint.write_json(cfg.json, result)
+    return result
+
+# -----------------------------------------------------------------------------
 # setup
 
 
-def setup(cfg, device, rank=0, world=1):
-    """Load everything up front (bad input fails before any work), then build_run."""
+def load_inputs(cfg):
+    """The base model, its tokenizer, the training examples and the data folder, checked up front: bad input fails
+    before any work."""
     try:
-        bert_F = bert.Bert.from_pretrained(cfg.model)
-        tokenizer = bert.load_tokenizer(cfg.model, max_len=min(cfg.max_len, bert_F.config.max_position_embeddings))
+        model = bert.Bert.from_pretrained(cfg.model)
+        tokenizer = bert.load_tokenizer(cfg.model, max_len=min(cfg.max_len, model.config.max_position_embeddings))
         data_dir = data.resolve_data_dir(cfg.data_dir, need_stsb=cfg.data == "stsb")  # --data FILE: no STS-B file needed
         examples = data.training_sentences(cfg.data, data_dir)  # sentences, or (sentence, paraphrase) pairs
         for task in data.TASKS if cfg.eval_all else ["STSBenchmark"]:  # fail now, not after training
@@ -427,11 +499,15 @@ def setup(cfg, device, rank=0, world=1):
     except (checkpoint.LoadError, data.DataError) as e:
         die(e)
     if len(examples) < 2:
-        die(f"--data {cfg.data}: {len(examples)} sentence(s); contrastive training needs at least 2")
+        die(f"--data {cfg.data}: {len(examples)} sentence(s); training needs at least 2")
     if cfg.data == "stsb":
         print("note: the STS-B dev and test sentences are part of the unlabelled training data, as in the paper "
               "(no labels are used)")
-    return build_run(cfg, bert_F, tokenizer, examples, data_dir, device, rank, world)
+    return model, tokenizer, examples, data_dir
+
+
+def setup(cfg, device, rank=0, world=1):
+    return build_run(cfg, *load_inputs(cfg), device, rank, world)
 
 
 def build_run(cfg, bert_F, tokenizer, examples, data_dir, device, rank=0, world=1):
@@ -466,7 +542,7 @@ def build_run(cfg, bert_F, tokenizer, examples, data_dir, device, rank=0, world=
                tokenizer=tokenizer, examples=examples, data_dir=data_dir, device=device, rank=rank, world=world,
                gen=torch.Generator().manual_seed(cfg.seed), aug_gen=torch.Generator().manual_seed(cfg.seed + rank),
                aug1=augment.parse(cfg.aug1), aug2=augment.parse(cfg.aug2),
-               meta={"tokenizer": tokenizer.to_str(), "base_model": str(cfg.model), "args": vars(cfg),
+               meta={"tokenizer": tokenizer.to_str(), "base_model": checkpoint.display_name(cfg.model), "args": vars(cfg),
                      "git": git_sha(), "pooling": cfg.eval_pooling, "method": cfg.loss})
 
 
@@ -526,6 +602,10 @@ def main(argv=None):
     rank, world, device = init_distributed(cfg)
     print(f"sgbert {git_sha()} | device {device}" + (f" x {world} processes" if world > 1 else "") + " | "
           + " ".join(f"{k}={v}" for k, v in vars(cfg).items()))
+    if METHODS[cfg.loss].side2 == "none" and not cfg.eval_only:
+        if world > 1:
+            die(f"--loss {cfg.loss} is fitted in one process: run it with python, not torchrun")
+        return fit_posthoc(cfg, device)
     run = setup(cfg, device, rank, world)
     if cfg.eval_only:
         return final_report(cfg, run.bert_F, run.tokenizer, run.data_dir, None, device)
@@ -632,7 +712,8 @@ def add_method_flags(a):
     a("--loss", default="opt", choices=list(METHODS),
       help="opt: SG-OPT over all b x (l+1) views (default); sg: NT-Xent; opt1/opt2: the paper's ablations (sg/opt1/opt2 "
            "use one view per sentence, its layer sampled uniformly); consert, simcse: the other systems, each with its "
-           "own recipe's defaults for the flags marked (method)")
+           "own recipe's defaults for the flags marked (method); whitening, flow: the paper's post-hoc baselines (BERT "
+           "untouched, a map of its first-last vectors fitted on --data)")
     a("--tau", type=positive, help="temperature of the contrastive loss (method: 0.01 SG, 0.1 ConSERT, 0.05 SimCSE)")
     a("--lam", type=at_least(0.0, float), default=0.1, help="weight of the regulariser ||BERT_T - BERT_F||^2 (SG family; "
       "default: %(default)s)")
@@ -643,11 +724,13 @@ def add_method_flags(a):
       help="sentences per step (b); the other b-1 sentences are the negatives (method: 16 SG, 96 ConSERT, 64 SimCSE)")
     a("--max-len", type=at_least(3, why="room for [CLS], one token and [SEP]"), help="tokens per sentence, [CLS]/[SEP] "
       "included; longer ones are truncated (method: 128 SG, 64 ConSERT, 32 SimCSE)")
-    a("--dropout", choices=["on", "off"], help="BERT_T's own dropout in training (method: off for ConSERT, else on)")
+    a("--dropout", choices=["on", "off"], help="BERT_T's own dropout in training; flow: BERT's dropout while it makes "
+      "the vectors the flow is fitted on, as the BERT-flow code (method: off for ConSERT, else on)")
     a("--aug1", type=augmentation, help="augmentation of side 1's input (augment.py: none, shuffle, token-cutoff:R, "
       "feature-cutoff:R, dropout:R; method: feature-cutoff:0.2 ConSERT, else none)")
     a("--aug2", type=augmentation, help="augmentation of side 2's input (method: shuffle ConSERT, else none)")
-    a("--pooling", choices=bert.POOLINGS, help="BERT_T's sentence vector in training (method: mean ConSERT, else cls)")
+    a("--pooling", choices=bert.POOLINGS, help="BERT_T's sentence vector in training (method: mean ConSERT, first-last "
+      "whitening and flow (their codes' 'last2avg': layers 1 and l), else cls)")
     a("--eval-pooling", choices=bert.POOLINGS, help="the sentence vector at evaluation, recorded in the checkpoint "
       "(method: last2 ConSERT, else cls)")
     a("--view-pooling", default="mean", choices=["mean", "max"],
@@ -658,6 +741,7 @@ def add_method_flags(a):
       help="which BERT_F hidden states give views, as a Python slice A:B over 0..l (default: all)")
     a("--no-proj", action="store_true", help="ablation: no projection head f (the loss sees BERT vectors directly)")
     a("--proj-size", type=at_least(1), default=4096, help="width of the projection head f (default: %(default)s)")
+    a("--whiten-dim", type=at_least(1), help="whitening: keep the first K dimensions (default: all H)")
 
 
 def add_run_flags(a):
@@ -701,11 +785,10 @@ def resolve_config(args):
             setattr(cfg, k, v)
     cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
     cfg.precision = cfg.precision or ("bf16" if cuda else "fp32")
-    if m.side2 != "BERT_F":
-        given = [k for k in SG_ONLY if k in args.given]
-        if given:
-            die(f"--{given[0].replace('_', '-')} means nothing for --loss {args.loss} (its side 2 is a second pass of "
-                f"BERT_T, not BERT_F's views): drop it")
+    given = [k for k in (*m.ignores, *(["whiten_dim"] if args.loss != "whitening" else [])) if k in args.given]
+    if given:
+        die(f"--{given[0].replace('_', '-')} means nothing for --loss {args.loss} "
+            f"({m.why or 'it sets the dimension of --loss whitening'}): drop it")
     return cfg
 
 

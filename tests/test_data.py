@@ -53,3 +53,18 @@ def test_data_folders(tmp_path):
     assert data.resolve_data_dir(str(tmp_path / "d"), fetch=False, need_stsb=False) == tmp_path / "d"
     with pytest.raises(DataError, match="cannot download into"):  # its parent is a file: nothing can be created
         data.download(tmp_path / "file" / "data")
+
+
+def test_training_data_suffix_tabs_and_folders(tmp_path, capsys):
+    """pairs.TSV is a pairs file; a text file of mostly TAB lines is read as sentences, with a warning; a folder is
+    named as one."""
+    (tmp_path / "pairs.TSV").write_text("a b\tc d\ne f\tg h\n")
+    assert data.training_sentences(str(tmp_path / "pairs.TSV")) == [("a b", "c d"), ("e f", "g h")]
+    (tmp_path / "mixed.txt").write_text("a b\tc d\ne f\tg h\nplain line\n")
+    assert data.training_sentences(str(tmp_path / "mixed.txt"))[0] == "a b\tc d"
+    assert "most lines of" in capsys.readouterr().err
+    (tmp_path / "plain.txt").write_text("one\ntwo\tthree\nfour\n")
+    data.training_sentences(str(tmp_path / "plain.txt"))
+    assert "warning" not in capsys.readouterr().err
+    with pytest.raises(data.DataError, match="is a folder"):
+        data.training_sentences(str(tmp_path))

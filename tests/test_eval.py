@@ -494,3 +494,72 @@ def test_pairs_plot_and_output_flags_are_checked_first(tiny_model, tiny_data, ca
     with pytest.raises(SystemExit) as e:
         evaluate.main(["--model", str(tiny_model), "--data-dir", str(tiny_data[0]), *flags])
     assert e.value.code == 2 and message in capsys.readouterr().err
+
+# -----------------------------------------------------------------------------
+# WK pooling and your own pairs from the command line
+
+
+def test_wk_pooling_cli_equals_wk_pool(tiny_model, tiny_data, tmp_path):
+    root = tiny_data[0]
+    out = tmp_path / "wk.json"
+    r = run_cli("evaluate.py", "--model", str(tiny_model), "--pooling", "wk", "--wk-layer-start", "0", "--tasks",
+                "STSBenchmark", "--data-dir", str(root), "--json", str(out), "--device", "cpu")
+    assert r.returncode == 0, r.stderr
+    got = json.loads(out.read_text())
+    assert got["wk"] == {"layer_start": 0, "window": 2} and got["pooling"] == "wk"
+    model, tok = bert.Bert.from_pretrained(tiny_model), bert.load_tokenizer(tiny_model)
+    vectors = evaluate.sentence_vectors(model, tok, "wk", wk_args=(0, 2))
+    assert got["sts"]["STSBenchmark"]["all"] == pytest.approx(evaluate.stsb_spearman(vectors, root, "test"), abs=1e-9)
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--pooling", "wk", "--wk-window", "0"], "--wk-window 0: must be at least 1"),
+    (["--pooling", "wk", "--wk-layer-start", "2"], "--wk-layer-start 2: "),  # 2 layers: states 0..2, start 0 only
+    (["--pooling", "wk", "--wk-window", "3"], "--wk-window 3: "),
+    (["--wk-window", "2"], "--wk-window is a setting of WK pooling"),
+    (["--pooling", "wk", "--layer", "1"], "--layer means nothing with --pooling wk"),
+])
+def test_wk_flags_are_checked(tiny_model, tiny_data, flags, message):
+    r = run_cli("evaluate.py", "--model", str(tiny_model), "--data-dir", str(tiny_data[0]), *flags)
+    assert_one_line_error(r, message)
+
+
+def test_pairs_file_scored_like_a_task(tiny_model, tmp_path):
+    """--pairs: a TSV with a header and a CSV with quoted commas give scipy's Spearman of the cosines."""
+    rows = [("a w1 w2", "w1 w2", 4.5), ("w3 w4", "x1 x2 x3", 0.5), ("left right", "right left", 3.0),
+            ("w5, w6", "w6 w7", 2.0), ("x4", "x5 x6", 1.0)]
+    tsv, csv_ = tmp_path / "mine.tsv", tmp_path / "mine.csv"
+    tsv.write_text("sentence1\tsentence2\tscore\n" + "".join(f"{a}\t{b}\t{y}\n" for a, b, y in rows))
+    csv_.write_text("".join(f'"{a}","{b}",{y}\n' for a, b, y in rows))
+    model, tok = bert.Bert.from_pretrained(tiny_model), bert.load_tokenizer(tiny_model)
+    enc = {s: v for s, v in zip([a for a, _, _ in rows] + [b for _, b, _ in rows],
+                                bert.encode(model, tok, [a for a, _, _ in rows] + [b for _, b, _ in rows]))}
+    want = 100 * spearmanr([evaluate.cosine(enc[a][None], enc[b][None])[0] for a, b, _ in rows],
+                           [y for _, _, y in rows]).statistic
+    res = evaluate.main(["--model", str(tiny_model), "--pairs", str(tsv), str(csv_), "--device", "cpu"])
+    assert res["sts"]["mine.tsv"]["all"] == pytest.approx(want, abs=1e-6)
+    assert res["sts"]["mine.csv"]["all"] == pytest.approx(want, abs=1e-6)
+    assert set(res["sts"]) == {"mine.tsv", "mine.csv", *evaluate.SUMMARY}
+
+
+@pytest.mark.parametrize("text,message", [
+    ("a\tb\t1\nc\td\n", "mine.tsv:2: expected 3 columns"),
+    ("a\tb\t1\nc\td\tx\n", "mine.tsv:2: score 'x' is not a number"),
+    ("a\tb\t1\nc\td\tnan\n", "mine.tsv:2: score 'nan' is not a finite number"),
+    ("a\tb\t1\nc\t \t2\n", "mine.tsv:2: empty sentence"),
+])
+def test_pairs_file_bad_rows_named_by_line(tiny_model, tmp_path, text, message):
+    (tmp_path / "mine.tsv").write_text(text)
+    r = run_cli("evaluate.py", "--model", str(tiny_model), "--pairs", str(tmp_path / "mine.tsv"))
+    assert_one_line_error(r, message)
+
+
+def test_long_encodings_report_progress_without_flooding(monkeypatch):
+    """A running count every 10 s while a large set is encoded (a log file stays readable)."""
+    lines, now = [], [0.0]
+    monkeypatch.setattr(evaluate.time, "perf_counter", lambda: now[0])
+    counter = evaluate.Counter(lines.append)
+    for done in range(0, 10000, 100):  # a batch every 0.5 s
+        now[0] += 0.5
+        counter(done, 10000)
+    assert len(lines) == 5 and lines[0] == "  encoding: 1900/10000 sentences, 10 s"  # 50 s: one line per 10 s

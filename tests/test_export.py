@@ -455,3 +455,48 @@ def test_the_recorded_pooling_is_exported(tiny_ckpt, tmp_path, capsys, pooling, 
     readme, err = (out / "README.md").read_text(), capsys.readouterr().err
     assert f'pooling="{pooling}"' in readme
     assert ("no `last2` pooling" in readme and "warning" in err) if warned else "warning" not in err
+
+
+def with_transform(path, m, tok, pooling, kind="whitening"):
+    """A checkpoint holding a fitted transform, as train.py --loss whitening | flow writes one."""
+    import checkpoint
+    import posthoc
+    import random
+    rng = random.Random(0)
+    words = ["a", "b", "the", "man", "play", "playing", "."]
+    x = encode(m, tok, [" ".join(rng.choices(words, k=rng.randint(1, 8))) for _ in range(64)], pooling=pooling)
+    if kind == "whitening":  # the top 8 directions: well conditioned (the tiny vocabulary spans few more)
+        mu, W = posthoc.fit_whitening(x, dim=8)
+        tensors, info = {"mu": mu, "W": W}, {"kind": "whitening", "dim": 8}
+    else:
+        flow, _ = posthoc.fit_flow(torch.from_numpy(x), batch_size=8)
+        tensors, info = flow.state_dict(), {"kind": "flow", "config": flow.config()}
+    meta = {"tokenizer": tok.to_str(), "pooling": pooling, "transform": info, "config": m.config.to_dict()}
+    checkpoint.save_checkpoint(path, {**m.tensors(), **{"transform." + k: v for k, v in tensors.items()}}, meta)
+
+
+@pytest.mark.slow
+def test_whitening_exports_as_a_dense_layer(tiny_ckpt, tmp_path, monkeypatch):
+    """sentence-transformers' vectors of the exported folder are evaluate.py's: pooling, then (x - mu) W."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    st = pytest.importorskip("sentence_transformers", reason="sentence-transformers is the oracle for its layout")
+    import evaluate
+    path, m, tok = tiny_ckpt
+    with_transform(path, m, tok, "mean")
+    out = export(path, tmp_path / "out")
+    sents = ["the man playing a b .", "a", "b the man"]
+    model, transform = evaluate.load_with_transform(path)
+    ours = evaluate.sentence_vectors(model, load_tokenizer(path), "mean", transform=transform)(sents)
+    theirs = st.SentenceTransformer(str(out), device="cpu").encode(sents)
+    assert theirs.shape == (3, 8)
+    np.testing.assert_allclose(theirs, ours, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("pooling, kind, message", [("first-last", "whitening", "fitted on first-last vectors"),
+                                                    ("mean", "flow", "a flow checkpoint cannot be exported")])
+def test_what_sentence_transformers_cannot_express_is_refused(tiny_ckpt, tmp_path, pooling, kind, message):
+    path, m, tok = tiny_ckpt
+    with_transform(path, m, tok, pooling, kind)
+    r = cli(path, tmp_path / "out")
+    assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())

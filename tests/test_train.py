@@ -5,6 +5,7 @@ import gzip
 import json
 import random
 
+import numpy as np
 import pytest
 import torch
 
@@ -53,7 +54,7 @@ def test_full_run_writes_a_loadable_checkpoint(world):
     result = run(world)
     assert result["steps"] == 8 and len(result["losses"]) == 8
     meta = checkpoint.read_metadata(world["out"])
-    assert meta["args"]["loss"] == "opt" and meta["base_model"] == str(world["model"])
+    assert meta["args"]["loss"] == "opt" and meta["base_model"] == world["model"].name  # its own name, not this machine's path
     assert meta["best"]["step"] == result["best_step"] and meta["best"]["dev"] == pytest.approx(result["dev"])
     m, tok = bert.Bert.from_pretrained(world["out"]), bert.load_tokenizer(world["out"])
     assert evaluate.stsb_spearman(evaluate.sentence_vectors(m, tok), world["data"], "dev") == pytest.approx(result["dev"])
@@ -440,3 +441,69 @@ def test_a_symlinked_out_stays_a_symlink(world):
     run(world)
     assert world["out"].is_symlink() and target.is_file()
     assert checkpoint.read_metadata(world["out"])["best"]["step"] >= 0
+
+
+def fit(world, loss, *flags):
+    """train.py --loss whitening | flow on the tiny world (no contrastive flags)."""
+    return train.main(["--model", str(world["model"]), "--data", str(world["sents"]), "--data-dir", str(world["data"]),
+                       "--out", str(world["out"]), "--device", "cpu", "--loss", loss, *flags])
+
+
+def test_whitening_checkpoint_holds_the_base_model_and_its_map(world):
+    """The checkpoint's vectors are (x - mu) W of the base model's first-last vectors, mu and W fitted in float64 on
+    the training sentences; the BERT weights are the base model's."""
+    result = fit(world, "whitening", "--whiten-dim", "16", "--json", str(world["tmp"] / "w.json"))
+    assert result["steps"] == 0 and json.loads((world["tmp"] / "w.json").read_text())["test"] == result["test"]
+    meta = checkpoint.read_metadata(world["out"])
+    assert meta["transform"] == {"kind": "whitening", "dim": 16} and meta["pooling"] == "first-last"
+    base, tok = bert.Bert.from_pretrained(world["model"]), bert.load_tokenizer(world["model"])
+    model, transform = evaluate.load_with_transform(world["out"])
+    for k, v in base.state_dict().items():
+        assert torch.equal(model.state_dict()[k], v), k
+    sents = data.training_sentences(str(world["sents"]))
+    x = bert.encode(base, tok, sents, "first-last").astype("float64")
+    mu = x.mean(0)
+    U, S, _ = torch.linalg.svd(torch.from_numpy(np.cov(x.T)))
+    want = (x[:5] - mu) @ (U / S.sqrt()).numpy()[:, :16]
+    got = transform(bert.encode(model, tok, sents[:5], "first-last"))
+    assert abs(got - want).max() < 1e-4 * max(1, abs(want).max())
+    assert result["dev"] == pytest.approx(evaluate.stsb_spearman(
+        evaluate.sentence_vectors(model, tok, "first-last", transform=transform), world["data"], "dev"), abs=1e-9)
+
+
+def test_flow_trains_only_the_flow_and_evaluate_applies_it(world):
+    result = fit(world, "flow", "--batch-size", "8", "--max-steps", "3", "--seed", "2")
+    assert result["steps"] == 3 and result["losses"][0][0] == 1 and result["ms_per_step"] > 0
+    meta = checkpoint.read_metadata(world["out"])
+    assert meta["transform"]["kind"] == "flow" and meta["transform"]["config"]["dim"] == 32
+    model, transform = evaluate.load_with_transform(world["out"])
+    tok = bert.load_tokenizer(world["out"])
+    x = bert.encode(model, tok, ["a man is playing ."], "first-last")
+    z = transform(x)
+    assert z.shape == (1, 32) and abs(z - x).max() > 1e-3  # it maps the vectors
+    table = evaluate.main(["--ckpt", str(world["out"]), "--tasks", "STSBenchmark", "--data-dir", str(world["data"]),
+                           "--batch-size", "128", "--device", "cpu"])
+    assert table["sts"]["STSBenchmark"]["all"] == pytest.approx(result["test"], abs=1e-9)
+
+
+@pytest.mark.parametrize("loss,flags,message", [
+    ("whitening", ["--lam", "0.1"], "--lam means nothing for --loss whitening"),
+    ("whitening", ["--lr", "1e-3"], "--lr means nothing for --loss whitening"),
+    ("flow", ["--tau", "0.1"], "--tau means nothing for --loss flow"),
+    ("flow", ["--whiten-dim", "4"], "--whiten-dim means nothing for --loss flow"),
+    ("opt", ["--whiten-dim", "4"], "--whiten-dim means nothing for --loss opt"),
+    ("whitening", ["--whiten-dim", "0"], "--whiten-dim: 0: must be at least 1"),
+    ("whitening", ["--whiten-dim", "33"], "--whiten-dim 33: "),
+    ("flow", ["--batch-size", "64"], "--batch-size 64: the flow's batches"),
+])
+def test_post_hoc_flags_that_mean_nothing_are_refused(world, capsys, loss, flags, message):
+    with pytest.raises(SystemExit) as e:
+        fit(world, loss, *flags)
+    assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_whitening_takes_the_sweep_flags(world):
+    """--seed and --max-steps, which experiments.py passes to every run, are accepted (a closed-form fit ignores them)."""
+    a = fit(world, "whitening", "--seed", "3", "--max-steps", "5")
+    b = fit(world, "whitening", "--seed", "4", "--overwrite")
+    assert a["test"] == b["test"]
