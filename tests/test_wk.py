@@ -1,51 +1,17 @@
-"""wk.py against its oracle: the SBERT-WK code's algorithm written as its per-sentence, per-token, per-layer float64
-numpy loop (utils.py: dissecting -> unify_token -> unify_sentence), on the tiny BERT and on real MiniLM sentences."""
+"""wk.py against its oracle: the SBERT-WK code's algorithm as its per-sentence, per-token, per-layer float64 numpy
+loop (utils.py: dissecting -> unify_token -> unify_sentence; bench.wk_reference, the reference side of bench.py wk),
+on the tiny BERT and on real MiniLM sentences."""
 import numpy as np
 import pytest
 import torch
 
 import bert
 import wk
+from bench import wk_reference as reference_wk
 from conftest import TINY, tiny_model_folder
 
 SENTENCES = ["a man is playing a guitar .", "the cat", "a woman and a dog are on the man with the cat in the guitar",
              "is"]
-
-
-def unit_columns(a):
-    n = np.linalg.norm(a, axis=0)
-    return a / np.where(n == 0, 1, n)
-
-
-def unify_token(feats, m):
-    """One token's (S, d) layer representations -> its unified vector, as the code's unify_token."""
-    S = feats.shape[0]
-    align, novelty = np.zeros(S), np.zeros(S)
-    for k in range(S):
-        window = np.vstack([feats[k - m:k], feats[k + 1:k + m + 1], feats[k][None]])  # Python slices, centre last
-        _, R = np.linalg.qr(window.T)
-        r = R[:, -1]
-        align[k] = np.mean(unit_columns(R[:-1, :-1]), axis=1).dot(R[:-1, -1]) / np.linalg.norm(r[:-1])
-        align[k] = 1 / (align[k] * window.shape[0] * 2)
-        novelty[k] = abs(r[-1]) / np.linalg.norm(r)
-    alpha = align / align.sum() + novelty / novelty.sum()
-    return feats.T.dot(alpha / alpha.sum())
-
-
-def reference_wk(hidden_states, mask, layer_start, m):
-    """The loop: per sentence, tokens 0..n-2 ([CLS] kept, the last [SEP] dropped), per token its layers."""
-    hs = np.stack([h.double().numpy() for h in hidden_states[layer_start:]], 1)  # (B, S, T, d)
-    out = []
-    for b in range(hs.shape[0]):
-        n = int(mask[b].sum()) - 1
-        feats = hs[b, :, :n]  # (S, n, d)
-        tokens = np.stack([unify_token(feats[:, t], m) for t in range(n)])
-        var = np.zeros(n)
-        for t in range(n):
-            f = feats[:, t] / np.linalg.norm(feats[:, t], axis=1, keepdims=True)
-            var[t] = np.var((f @ f.T).diagonal(-1))
-        out.append(tokens.T.dot(var / var.sum()))
-    return np.stack(out)
 
 
 def hidden(model, tok, sentences):
