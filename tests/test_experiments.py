@@ -1,17 +1,26 @@
-"""experiments.py on the tiny BERT: a 2-variant x 2-seed sweep runs, resumes after a kill without re-running finished
-runs, shares identical runs across experiments, respects locks, and its report equals numpy over the run files."""
+"""experiments.py. On the tiny BERT: a sweep runs real train.py / evaluate.py runs, resumes after a kill without
+re-running finished runs, shares identical runs across experiments, and its report equals numpy over the run files.
+With fake train.py / evaluate.py scripts (fast): bad records, failing runs, usage errors, signals, locks, two
+sweeps at once, bad flags, and the tables of Table 4, Table 6 and Figure 4 from their records."""
+import errno
 import json
 import os
+import re
+import signal
 import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
+import checkpoint
 import experiments
 from experiments import Experiment, Variant
 from test_train import world  # noqa: F401  (the tiny model, data and sentences fixture)
-
-pytestmark = pytest.mark.slow  # each run evaluates the 7 real STS tasks (a few seconds with the tiny BERT)
 
 
 @pytest.fixture
@@ -23,43 +32,43 @@ def sweep(world, shared_data, monkeypatch, tmp_path):  # noqa: F811
         "other": Experiment("shares a run with tiny", [Variant("same", [])]),
     })
     calls = []
-    real = subprocess.run
+    real = experiments.run_child
 
-    def counting_run(cmd, **kw):
+    def counting_run(cmd, log):
         calls.append(cmd)
-        return real(cmd, **kw)
+        return real(cmd, log)
 
-    monkeypatch.setattr(subprocess, "run", counting_run)
+    monkeypatch.setattr(experiments, "run_child", counting_run)
     out = tmp_path / "runs"
     argv = ["--model", str(world["model"]), "--seeds", "1", "2", "--out", str(out), "--data-dir", str(shared_data),
             "--data", str(world["sents"]), "--batch-size", "4", "--max-steps", "3", "--eval-every", "2",
             "--proj-size", "16", "--device", "cpu", "--eval-batch-size", "512"]
-    return dict(argv=argv, out=out, calls=calls)
+    return dict(argv=argv, out=out, calls=calls, real=real)
 
 
+@pytest.mark.slow  # each run evaluates the 7 real STS tasks (a few seconds with the tiny BERT)
 def test_sweep_resumes_after_a_kill_and_reports_numpy_means(sweep, monkeypatch):
-    real = subprocess.run
     n = [0]
 
-    def killed_on_third(cmd, **kw):  # the 3rd run is killed: the sweep stops there
+    def killed_on_third(cmd, log):  # the 3rd run is killed: the sweep stops there
         n[0] += 1
         if n[0] == 3:
             raise KeyboardInterrupt
-        return real(cmd, **kw)
+        return sweep["real"](cmd, log)
 
-    monkeypatch.setattr(subprocess, "run", killed_on_third)
+    monkeypatch.setattr(experiments, "run_child", killed_on_third)
     with pytest.raises(SystemExit) as e:
         experiments.main(["tiny", *sweep["argv"]])
     assert e.value.code == 130
     out = sweep["out"] / "tiny"
     assert sorted(p.relative_to(out).as_posix() for p in out.glob("*/*.json")) == ["base/seed-1.json", "sg/seed-1.json"]
-    assert not list(out.glob("*/*.lock")), "the killed run's lock was not released"
+    assert not list(out.glob("*/.*.lock")), "the killed run's lock was not released"
 
-    monkeypatch.setattr(subprocess, "run", real)  # the fixture's counting run
-    sweep["calls"].clear()
+    monkeypatch.setattr(experiments, "run_child", lambda c, log: sweep["calls"].append(c) or sweep["real"](c, log))
     experiments.main(["tiny", *sweep["argv"]])
-    ran = [(c[1].rsplit("/", 1)[-1], c[c.index("--seed") + 1] if "--seed" in c else None) for c in sweep["calls"]]
+    ran = [(Path(c[1]).name, c[c.index("--seed") + 1] if "--seed" in c else None) for c in sweep["calls"]]
     assert ran == [("evaluate.py", None), ("train.py", "2"), ("train.py", "2")]  # only what was missing
+    assert sweep["calls"][0][6:10] == ["--device", "cpu", "--batch-size", "512"]  # as the sweep's train.py runs
 
     summary = json.loads((out / "results.json").read_text())["variants"]
     for v in ("base", "sg"):
@@ -68,33 +77,22 @@ def test_sweep_resumes_after_a_kill_and_reports_numpy_means(sweep, monkeypatch):
             xs = [r["sts"][task]["all"] for r in recs]
             assert summary[v]["sts"][task] == pytest.approx([np.mean(xs), np.std(xs, ddof=1)])
         assert summary[v]["wall_seconds"][0] == pytest.approx(np.mean([r["train"]["wall_seconds"] for r in recs]))
+        assert all(r["command"][2] == world_name(sweep) for r in recs)  # the model by its own name, not a path
     assert summary["cls"]["seeds"] == [None]
     md = (out / "results.md").read_text()
-    assert "| base | 2 |" in md and "74.62" in md and "Table 6" in md
+    assert "| base | 2 |" in md and "74.62" in md and "ms/step" in md
 
     sweep["calls"].clear()  # a third time: nothing to do; the other experiment copies tiny's identical run
     experiments.main(["tiny", *sweep["argv"]])
     experiments.main(["other", *sweep["argv"]])
     assert sweep["calls"] == []
     same = json.loads((sweep["out"] / "other/same/seed-1.json").read_text())
-    assert same["same_as"] == "tiny/base/seed-1.json" and same["sts"] == recs_base(out)["sts"]
+    base = json.loads((out / "base/seed-1.json").read_text())
+    assert same["same_as"] == "tiny/base/seed-1.json" and same["sts"] == base["sts"]
 
 
-def recs_base(out):
-    return json.loads((out / "base/seed-1.json").read_text())
-
-
-def test_a_run_locked_by_a_live_process_is_left_alone_and_a_stale_lock_is_taken(sweep, monkeypatch):
-    monkeypatch.setattr(experiments, "EXPERIMENTS", {"one": Experiment("", [Variant("a", [])])})
-    folder = sweep["out"] / "one/a"
-    folder.mkdir(parents=True)
-    (folder / "seed-1.lock").write_text(f"{experiments.socket.gethostname()} {os.getpid()}\n")  # alive: us
-    dead = subprocess.Popen(["true"])
-    dead.wait()
-    (folder / "seed-2.lock").write_text(f"{experiments.socket.gethostname()} {dead.pid}\n")
-    experiments.main(["one", *sweep["argv"]])
-    assert not (folder / "seed-1.json").exists() and (folder / "seed-2.json").exists()
-    assert (folder / "seed-1.lock").exists() and not (folder / "seed-2.lock").exists()
+def world_name(sweep):
+    return Path(sweep["argv"][1]).name
 
 
 def test_list_prints_every_experiment(capsys):
@@ -103,32 +101,134 @@ def test_list_prints_every_experiment(capsys):
     for name, exp in experiments.EXPERIMENTS.items():
         assert out.count(f"{name}: ") >= 1
         assert all(v.name in out for v in exp.variants)
-    assert "74.62" in out and "70.39" in out and "79.41" in out
+    assert "74.62" in out and "70.39" in out and "79.41" in out and "train.py, once" in out
 
 
 @pytest.mark.parametrize("argv, message", [
     (["nope"], "unknown experiment 'nope'"),
     (["report", "nope"], "report nope"),
     (["table5", "--seed", "3"], "--seed is set per run"),
+    (["table5", "--seeds", "-1"], "--seeds: -1 is not in 0 .. 2^32 - 1"),
+    (["table5", "--seeds", "4294967296"], "4294967296 is not in 0 .. 2^32 - 1"),
+    (["table5", "--seeds", "x"], "'x' is not an integer"),
+    (["table5", "--seeds", "1", "2", "1"], "--seeds 1 2 1: a seed is given twice"),
+    (["table5", "--plot", "a.png"], "only `report` takes"),
+    (["report", "table5", "--plot", "a.png"], "table5 has none"),
 ])
 def test_bad_commands_are_one_line(argv, message, capsys):
     with pytest.raises(SystemExit) as e:
         experiments.main(argv)
-    assert e.value.code == 2 and message in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_help_shows_defaults_and_one_example_a_line(capsys):
+    with pytest.raises(SystemExit) as e:
+        experiments.main(["--help"])
+    out = capsys.readouterr().out
+    assert e.value.code == 0 and "(default: runs)" in out and "(default: 1 2 3;" in out
+    examples = out.split("examples:\n")[1].split("\n\n")[0].splitlines()
+    assert len(examples) >= 4 and all(x.startswith("  python experiments.py ") for x in examples)
+
+
+# -----------------------------------------------------------------------------
+# fake train.py and evaluate.py: each run takes a few tens of milliseconds
+
+FAKE = r'''
+import json, os, signal, subprocess, sys, time
+argv, script = sys.argv[1:], os.path.basename(sys.argv[0])
+def flag(name, default=None):
+    return argv[argv.index(name) + 1] if name in argv else default
+if os.environ.get("FAKE_LOG"):
+    with open(os.environ["FAKE_LOG"], "a") as f:
+        f.write(json.dumps([script, argv]) + "\n")
+if "--usage-error" in argv:
+    sys.exit(print("step 1\nerror: --usage-error means nothing here", file=sys.stderr) or 2)
+if "--fail" in argv:
+    sys.exit(print("Traceback ...\nRuntimeError: boom", file=sys.stderr) or 1)
+if os.environ.get("FAKE_SLEEP"):  # hang, with a grandchild that ignores SIGINT: only a group SIGKILL ends it
+    child = subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGINT, "
+                              "signal.SIG_IGN); time.sleep(300)"])
+    with open(os.environ["FAKE_PIDS"], "w") as f:
+        f.write(f"{os.getpid()} {child.pid}\n")
+    time.sleep(300)
+time.sleep(float(flag("--sleep", 0)))
+score = float(flag("--score", 70)) + 0.1 * int(flag("--seed", 0))
+if "transfer-text" in str(flag("--data", "")):
+    score -= 12 if flag("--loss") == "flow" else 2
+TASKS = ["STS12", "STS13", "STS14", "STS15", "STS16", "STSBenchmark", "SICKRelatedness"]
+tasks = TASKS if flag("--tasks") in (None, "sts") else [t for t in TASKS if t == flag("--tasks")]
+sts = {t: {"all": score + i, "wmean": score, "mean": score} for i, t in enumerate(tasks)}
+sts["avg"] = {p: sum(sts[t][p] for t in tasks) / max(len(tasks), 1) for p in ("all", "wmean", "mean")}
+sts["seconds"] = {"mean": 4.0, "wk": 8.0}.get(flag("--pooling"), 5.0)
+TRANSFER = ["MR", "CR", "SUBJ", "MPQA", "SST2", "TREC", "MRPC"]
+transfer = {t: {"acc": 80.0 + i + (1 if "--ckpt" in argv else 0), "devacc": 80.0} for i, t in enumerate(TRANSFER)}
+transfer["avg"] = sum(transfer[t]["acc"] for t in TRANSFER) / 7
+if script == "evaluate.py":
+    result = {"model": "m", "device": "cpu", "pooling": flag("--pooling"), "layer": -1, "layerwise": None,
+              "sts": None if flag("--tasks") == "transfer" or "--ckpt" in argv else sts,
+              "transfer": transfer if flag("--tasks") == "transfer" else None}
+else:
+    result = {"best_step": 2, "dev": score, "test": score, "steps": 3, "stop": None, "sts": sts,
+              "wall_seconds": 60.0 + int(flag("--seed", 0)), "test_seconds": 2.0, "ms_per_step": 100.0}
+    if flag("--loss") in ("whitening", "flow"):
+        result["fit_seconds"] = 10.0
+    open(flag("--out"), "w").write("weights")
+with open(flag("--json"), "w") as f:
+    json.dump(result, f)
+'''
+
+
+@pytest.fixture
+def fake(tmp_path, monkeypatch, shared_data):
+    """experiments.py driving fake scripts; argv: the sweep's usual flags; calls(): [(script, argv)] so far."""
+    root = tmp_path / "root"
+    root.mkdir()
+    for script in ("train.py", "evaluate.py"):
+        (root / script).write_text(FAKE)
+    monkeypatch.setattr(experiments, "ROOT", root)
+    monkeypatch.setattr(experiments, "POLL", 0.05)
+    log = tmp_path / "calls.jsonl"
+    monkeypatch.setenv("FAKE_LOG", str(log))
+    out = tmp_path / "runs"
+
+    def calls():
+        return [json.loads(x) for x in log.read_text().splitlines()] if log.exists() else []
+    return SimpleNamespace(root=root, out=out, tmp=tmp_path, calls=calls, data=shared_data,
+                           argv=["--model", "m", "--out", str(out), "--data-dir", str(shared_data), "--seeds", "1",
+                                 "2"])
+
+
+def use(monkeypatch, *variants, name="t", **kw):
+    """Replace the experiments by one, of these variants."""
+    monkeypatch.setattr(experiments, "EXPERIMENTS", {name: Experiment("test", list(variants), **kw)})
+
+
+def write(path, text):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def record(path, **rec):
+    write(path, json.dumps(rec))
+
+
+def sts_record(score, seed=1):
+    sts = {t: {"all": score} for t in [*experiments.TASKS, "avg"]}
+    return dict(seed=seed, sts=sts, train=dict(best_step=1, wall_seconds=6.0, test_seconds=1.0, ms_per_step=9.0))
 
 
 def test_report_from_run_files(tmp_path, monkeypatch):
     """The report alone, on hand-written run records: means, sample stds, the drop from the baseline, ms/step."""
-    monkeypatch.setattr(experiments, "EXPERIMENTS", {"d": Experiment("", [Variant("a"), Variant("b")], baseline="a")})
+    use(monkeypatch, Variant("a"), Variant("b"), drops={"b": "a"}, name="d")
     rng = np.random.default_rng(0)
     for v, shift in (("a", 0.0), ("b", -3.0)):
-        (tmp_path / "d" / v).mkdir(parents=True)
         for seed in (1, 2, 3):
             sts = {t: {"all": float(70 + shift + rng.normal())} for t in experiments.TASKS}
             sts["avg"] = {"all": float(np.mean([x["all"] for x in sts.values()]))}
             train = dict(best_step=100, dev=80.0, test=75.0, steps=300, stop=None, wall_seconds=60.0 * seed,
                          test_seconds=2.0, ms_per_step={"BERT_F fwd": 100.0, "BERT_T fwd+bwd": 300.0})
-            (tmp_path / "d" / v / f"seed-{seed}.json").write_text(json.dumps(dict(seed=seed, sts=sts, train=train)))
+            record(tmp_path / "d" / v / f"seed-{seed}.json", seed=seed, sts=sts, train=train)
     s = experiments.report("d", tmp_path)
     for v in ("a", "b"):
         recs = [json.loads((tmp_path / "d" / v / f"seed-{k}.json").read_text()) for k in (1, 2, 3)]
@@ -136,3 +236,306 @@ def test_report_from_run_files(tmp_path, monkeypatch):
         assert s[v]["sts"]["avg"] == pytest.approx([np.mean(xs), np.std(xs, ddof=1)])
     md = (tmp_path / "d" / "results.md").read_text()
     assert f"{s['b']['sts']['avg'][0] - s['a']['sts']['avg'][0]:+.2f}" in md and "| 400 |" in md and "| 2.0 |" in md
+
+
+def test_bad_records_are_named_and_missing_while_the_rest_reports(fake, monkeypatch, capsys):
+    use(monkeypatch, *[Variant(v) for v in "abcdef"])
+    t = fake.out / "t"
+    record(t / "a/seed-1.json", **sts_record(70))
+    record(t / "a/.seed-2.result.json", **sts_record(0))  # a run in flight: never read as a record
+    record(t / "b/seed-1.json", **sts_record(72))
+    write(t / "b/seed-2.json", '{"seed": 2, "sts": {')  # cut off
+    write(t / "c/seed-1.json", "")
+    write(t / "d/seed-1.json", "[1, 2]")
+    bad = sts_record(71)
+    del bad["sts"]["STS12"]
+    record(t / "e/seed-1.json", **bad)
+    (t / "f").mkdir()
+    (t / "f/seed-1.json").write_bytes(b'{"seed": "\xff"}')
+    s = experiments.main(["report", "t", "--out", str(fake.out)])
+    out, err = capsys.readouterr()
+    assert list(s) == ["a", "b"] and s["a"]["seeds"] == [1] and s["b"]["sts"]["avg"] == [72.0, 0.0]
+    for path, why in (("b/seed-2.json", "not valid JSON"), ("c/seed-1.json", "empty"),
+                      ("d/seed-1.json", "a JSON list"), ("e/seed-1.json", "'sts/STS12/all' is missing"),
+                      ("f/seed-1.json", "not readable as UTF-8 text")):
+        line = next(x for x in err.splitlines() if path in x)
+        assert str(t / path) in line and why in line and "move the file aside and re-run" in line
+    assert "Missing: b/seed-2.json" in out and "No finished runs yet: c, d, e, f." in out and "| a | 1 |" in out
+    # find_finished passes over them too (no crash), and still finds the valid run
+    assert experiments.find_finished(fake.out, "[]", "seed-2", []) is None
+    record(t / "a/seed-2.json", **sts_record(71), key=experiments.run_key("m", ["train.py"], 2))
+    found = experiments.find_finished(fake.out, experiments.run_key("m", ["train.py"], 2), "seed-2", [])
+    assert found[0] == t / "a/seed-2.json"
+
+    # the sweep: the corrupt record's run is not run over it, the others are, exit status 1
+    with pytest.raises(SystemExit) as e:
+        experiments.main(["t", *fake.argv])
+    out, err = capsys.readouterr()
+    assert e.value.code == 1 and "not run (a bad record)" in out.splitlines()[-1]
+    assert (t / "b/seed-2.json").read_text() == '{"seed": 2, "sts": {'
+
+
+def test_a_failed_run_gives_exit_1_and_a_summary_line_with_progress(fake, monkeypatch, capsys):
+    use(monkeypatch, Variant("ok", ["--score", "75"]), Variant("boom", ["--fail"]), Variant("ev", evaluate_only=True))
+    with pytest.raises(SystemExit) as e:
+        experiments.main(["t", *fake.argv])
+    out = capsys.readouterr().out
+    assert e.value.code == 1
+    assert "[1/5 | 0.0 min] t/ok/seed-1: train.py --model m --score 75 --seed 1" in out
+    assert "t/ok/seed-1: done in 0.0 min | STS avg 78.10" in out
+    assert "t/boom/seed-1: failed (exit 1): RuntimeError: boom | log: " in out
+    last = out.strip().splitlines()[-1]
+    assert last.startswith("t: 5 runs: 3 run now, 2 failed (") and str(fake.out / "t/boom/seed-1.log") in last
+    assert not list(fake.out.rglob(".*.lock")) and not list(fake.out.rglob(".*.result.json"))
+    capsys.readouterr()
+    with pytest.raises(SystemExit):  # again: the finished runs are not run again, the failed ones are
+        experiments.main(["t", *fake.argv])
+    assert "t: 5 runs: 3 already finished, 2 failed" in capsys.readouterr().out
+
+
+def test_a_usage_error_stops_the_sweep_at_once(fake, monkeypatch, capsys):
+    use(monkeypatch, Variant("a", ["--usage-error"]), Variant("b"))
+    with pytest.raises(SystemExit) as e:
+        experiments.main(["t", *fake.argv])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(fake.calls()) == 1
+    assert err[-1].startswith("error: --usage-error means nothing here (t/a/seed-1: train.py refused its input")
+    assert not list(fake.out.rglob(".*.lock"))
+
+
+def test_report_of_a_folder_without_runs_is_an_error(fake, capsys):
+    fake.out.mkdir()
+    with pytest.raises(SystemExit) as e:
+        experiments.main(["report", "table1", "--out", str(fake.out)])
+    assert e.value.code == 1 and "no finished runs of table1 in" in capsys.readouterr().err
+
+
+def test_report_needs_only_read_access(fake, monkeypatch, capsys):
+    use(monkeypatch, Variant("a"))
+    record(fake.out / "t/a/seed-1.json", **sts_record(70))
+    (fake.out / "t/results.md").mkdir()  # cannot be written, even by root
+    s = experiments.main(["report", "t", "--out", str(fake.out)])
+    out, err = capsys.readouterr()
+    assert s["a"]["sts"]["avg"] == [70.0, 0.0] and "| a | 1 |" in out
+    assert "note: the report files in" in err and "were not written" in err
+
+
+def test_out_that_cannot_be_written_is_one_line(fake, monkeypatch, capsys):
+    use(monkeypatch, Variant("a"))
+    fake.tmp.joinpath("file").write_text("")
+    with pytest.raises(SystemExit) as e:
+        experiments.main(["t", *fake.argv, "--out", str(fake.tmp / "file")])
+    assert e.value.code == 2 and "is a file, not a folder" in capsys.readouterr().err
+
+    def read_only(path, text):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+    monkeypatch.setattr(experiments, "write_text", read_only)
+    with pytest.raises(SystemExit) as e:
+        experiments.main(["t", *fake.argv])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and f"--out {fake.out}: cannot write there (Read-only file system)" in err
+    assert fake.calls() == []
+
+
+def test_missing_data_is_data_pys_line(fake, monkeypatch, capsys):
+    use(monkeypatch, Variant("a"))
+    with pytest.raises(SystemExit) as e:
+        experiments.main(["t", *fake.argv, "--data-dir", str(fake.tmp / "nowhere")])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith("error: ") and len(err.strip().splitlines()) == 1
+    assert fake.calls() == []
+
+# -----------------------------------------------------------------------------
+# locks and other sweeps
+
+
+def test_stale_locks_are_taken_over_and_a_lock_folder_is_named(fake, monkeypatch, capsys):
+    use(monkeypatch, Variant("a"))
+    folder = fake.out / "t/a"
+    folder.mkdir(parents=True)
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    (folder / ".seed-1.json.lock").write_text("")  # a crash between creating and writing it
+    (folder / ".seed-2.json.lock").write_bytes(b"\xff\xfe not utf-8")
+    (folder / ".seed-3.json.lock").write_text(f"{dead.pid}\n")  # a dead owner
+    (folder / ".seed-4.json.lock").mkdir()  # not ours to remove
+    with pytest.raises(SystemExit) as e:
+        experiments.main(["t", *fake.argv, "--seeds", "1", "2", "3", "4"])
+    out, err = capsys.readouterr()
+    assert e.value.code == 1 and [p.name for p in sorted(folder.glob("seed-*.json"))] == [
+        "seed-1.json", "seed-2.json", "seed-3.json"]
+    assert sorted(p.name for p in folder.glob(".*.lock")) == [".seed-4.json.lock"]
+    line = next(x for x in err.splitlines() if ".seed-4.json.lock" in x)
+    assert "remove" in line and "re-run" in line
+    assert out.strip().splitlines()[-1] == "t: 4 runs: 3 run now, 1 not run (a bad lock)"
+
+
+def test_a_run_held_by_a_live_process_is_left_with_no_wait_and_waited_for_without(fake, monkeypatch, capsys):
+    use(monkeypatch, Variant("a"))
+    record_path = fake.out / "t/a/seed-1.json"
+    record_path.parent.mkdir(parents=True)
+    with checkpoint.output_lock(record_path):  # another sweep's run in flight (here: this process)
+        with pytest.raises(SystemExit) as e:
+            experiments.main(["t", *fake.argv, "--no-wait"])
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert e.value.code == 1 and not record_path.exists()
+    assert last == f"t: 2 runs: 1 run now, 1 held by another process ({record_path.parent}/.seed-1.json.lock " \
+                   f"(pid {os.getpid()}))"
+
+    def other_sweep(finish):  # holds the run a moment, then finishes it (or dies without a record)
+        with checkpoint.output_lock(record_path):
+            held.set()
+            time.sleep(0.3)
+            if finish:
+                record(record_path, **sts_record(77), key="x")
+    for finish, said in ((True, "1 run by another process"), (False, "1 run now")):
+        record_path.unlink(missing_ok=True)
+        held = threading.Event()
+        th = threading.Thread(target=other_sweep, args=(finish,))
+        th.start()
+        held.wait()
+        experiments.main(["t", *fake.argv])  # exit status 0: it waited
+        th.join()
+        assert capsys.readouterr().out.strip().splitlines()[-1] == f"t: 2 runs: 1 already finished, {said}"
+    assert json.loads(record_path.read_text())["command"][0] == "train.py"  # the dead owner's run, run here
+
+
+def driver(fake, exp, *argv):
+    """A sweep in a process of its own, on the fake scripts, of the experiment exp (a list of Variant kwargs)."""
+    code = ("import json, signal, sys; from pathlib import Path; sys.path.insert(0, sys.argv[1]); "
+            "signal.signal(signal.SIGINT, signal.default_int_handler); signal.signal(signal.SIGHUP, signal.SIG_DFL); "
+            "import experiments as x; "
+            "x.ROOT, x.POLL = Path(sys.argv[2]), 0.05; "
+            "x.EXPERIMENTS = {'t': x.Experiment('test', [x.Variant(**v) for v in json.loads(sys.argv[3])])}; "
+            "x.main(sys.argv[4:])")
+    return [sys.executable, "-c", code, str(Path(experiments.__file__).parent), str(fake.root), json.dumps(exp),
+            "t", *fake.argv, *argv]
+
+
+def test_two_sweeps_at_once_share_the_runs_and_report_the_same(fake):
+    exp = [dict(name="a", flags=["--sleep", "0.2"]), dict(name="b", flags=["--sleep", "0.2", "--score", "60"])]
+    procs = [subprocess.Popen(driver(fake, exp), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    outs = [p.communicate(timeout=60) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    runs = [(Path(c[0]).name, c[1][c[1].index("--seed") + 1], c[1][c[1].index("--json") + 1]) for c in fake.calls()]
+    assert len(runs) == 4 and len(set(runs)) == 4  # each run once
+    tables = [[x for x in out.splitlines() if x.startswith("|")] for out, _ in outs]
+    assert tables[0] == tables[1] and len(tables[0]) == 2 + 2 + 2 + 2  # the STS table and the time table
+    ran_here = [re.search(r"(\d+) run now", out.splitlines()[-1]) for out, _ in outs]
+    assert sum(int(m[1]) for m in ran_here if m) == 4  # and each summary counts the other's runs as not its own
+
+
+def alive(pid):
+    """The process exists and is not a zombie."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in "ZX"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+def test_a_signal_stops_the_run_and_its_children_and_the_same_command_resumes(fake, sig):
+    pids = fake.tmp / "pids"
+    exp = [dict(name="a")]
+    env = {**os.environ, "FAKE_SLEEP": "1", "FAKE_PIDS": str(pids)}
+    p = subprocess.Popen(driver(fake, exp, "--seeds", "1"), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+    for _ in range(600):
+        if pids.exists() and pids.read_text().endswith("\n"):
+            break
+        time.sleep(0.05)
+    child, grandchild = map(int, pids.read_text().split())
+    p.send_signal(sig)
+    _, err = p.communicate(timeout=30)
+    assert p.returncode == 128 + sig
+    assert err.strip().splitlines()[-1].startswith(f"experiments.py: stopped by {signal.Signals(sig).name}; ")
+    for _ in range(100):  # the group's SIGKILL is on its way
+        if not alive(child) and not alive(grandchild):
+            break
+        time.sleep(0.05)
+    assert not alive(child) and not alive(grandchild), "an orphan outlived the sweep"
+    assert not list(fake.out.rglob(".*.lock")) and not (fake.out / "t/a/seed-1.json").exists()
+    r = subprocess.run(driver(fake, exp, "--seeds", "1"), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.strip().splitlines()[-1] == "t: 1 runs: 1 run now"
+
+def test_a_signal_ignored_at_start_stays_ignored():
+    """`nohup python experiments.py ...`: a closed terminal does not stop the sweep."""
+    old, term = signal.signal(signal.SIGHUP, signal.SIG_IGN), signal.getsignal(signal.SIGTERM)
+    try:
+        with experiments.stop_on_signals():
+            assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
+            assert signal.getsignal(signal.SIGTERM) not in (signal.SIG_IGN, signal.SIG_DFL, term)
+        assert signal.getsignal(signal.SIGTERM) == term  # restored
+    finally:
+        signal.signal(signal.SIGHUP, old)
+
+# -----------------------------------------------------------------------------
+# the paper's tables
+
+
+def test_table1_has_the_baselines_and_the_paper_protocol_is_uncapped(fake):
+    names = [v.name for v in experiments.EXPERIMENTS["table1"].variants]
+    assert names == ["cls", "mean", "first-last", "wk", "whitening", "flow", "sg", "sg-opt"]
+    runs = experiments.plan("table1", experiments.PAPER_SEEDS, fake.out)
+    assert len(runs) == 4 + 1 + 3 * 8  # the evaluations and the whitening once, the rest at 8 seeds
+    args = SimpleNamespace(model="m", data_dir=None, out=fake.out)
+    cmds = {str(r): experiments.commands(r, args, ["--lam", "0.2", "--device", "cpu"], None)[1] for r in runs}
+    assert not any("--max-steps" in c for c in cmds.values())
+    assert cmds["table1/whitening/fit"][4:8] == ["--device", "cpu", "--loss", "whitening"]  # no --lam, no --seed
+    assert "--seed" not in cmds["table1/whitening/fit"] and "--lam" not in cmds["table1/flow/seed-7890"]
+    assert cmds["table1/wk/eval"][4:10] == ["--pooling", "wk", "--device", "cpu", "--json",
+                                           str(fake.out / "table1/wk/.eval.result.json")]
+    capped = experiments.commands(runs[5], args, ["--max-steps", "300", "--batch-size", "4"], None)[1]
+    assert runs[5].v.name == "flow" and capped[4:6] == ["--max-steps", "300"] and "--batch-size" not in capped
+
+
+def test_table4_records_hold_the_transfer_results(fake, capsys):
+    experiments.main(["table4", *fake.argv, "--seeds", "1"])
+    t = fake.out / "table4"
+    sg = json.loads((t / "sg-opt/seed-1.json").read_text())
+    assert sg["then"][:4] == ["evaluate.py", "--ckpt", str(t / "sg-opt/seed-1.safetensors"), "--tasks"]
+    assert sg["transfer"]["MR"]["acc"] == 81.0 and sg["train"]["wall_seconds"] == 61.0
+    assert json.loads((t / "wk/eval.json").read_text())["transfer"]["avg"] == 83.0
+    out = capsys.readouterr().out
+    assert "| sg-opt | 1 | 81.00 | 82.00 | 83.00 | 84.00 | 85.00 | 86.00 | 87.00 | 84.00 | 86.60 |" in out
+    assert "| mean | 1 | 80.00 |" in out and "85.85 |" in out
+
+
+def test_table6_ratios_come_from_the_records_of_one_sweep(fake, capsys):
+    record(fake.out / "table1/sg-opt/seed-1.json", **sts_record(1))  # same command elsewhere: not copied here
+    experiments.main(["table6", *fake.argv])
+    s = json.loads((fake.out / "table6/results.json").read_text())["variants"]
+    assert s["mean"]["inference_seconds"] == [4.0, 0.0]
+    assert s["sg-opt"]["train_seconds"] == pytest.approx([61.5, np.std([61, 62], ddof=1)])
+    out = capsys.readouterr().out
+    assert "| mean | 1 |  | 4.00 |  | x1.00 |  | x1.00 | 13.94 |" in out
+    assert "| wk | 1 |  | 8.00 |  | x2.00 |  | x14.13 | 197.03 |" in out
+    assert "| whitening | 1 | 10.0 | 2.00 | x2.50 | x0.50 |  |  |  |" in out
+    assert "| sg-opt | 2 | 61.5 | 2.00 | x15.38 | x0.50 | x32.64 | x0.75 | 455.02 + 10.51 |" in out
+    assert "one sweep on an otherwise idle machine" in out
+    assert "same_as" not in (fake.out / "table6/sg-opt/seed-1.json").read_text()
+
+
+def test_figure4_reports_the_drops_and_plot_needs_matplotlib(fake, monkeypatch, capsys):
+    experiments.main(["figure4", *fake.argv])
+    text = fake.out / "transfer-text.txt"
+    assert len(text.read_text().splitlines()) == 17256
+    calls = [c[1] for c in fake.calls() if "--data" in c[1]]
+    assert len(calls) == 4 and all(c[c.index("--data") + 1] == str(text) for c in calls)
+    out = capsys.readouterr().out
+    assert "| sg-opt-transfer-text | sg-opt | -2.00 | -2.00 | -1.83 | -1.63 |" in out
+    assert "| flow-transfer-text | flow | -12.00 | -12.00 | -12.16 | -4.19 |" in out
+    d = json.loads((fake.out / "figure4/results.json").read_text())["drops"]
+    assert d["flow-transfer-text"] == ["flow", pytest.approx([-12.0, -12.0])]
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if it were not installed
+    with pytest.raises(SystemExit) as e:
+        experiments.main(["report", "figure4", "--out", str(fake.out), "--plot", str(fake.tmp / "f.png")])
+    assert e.value.code == 2 and "--plot needs matplotlib: pip install matplotlib" in capsys.readouterr().err
+
+
+def test_figure4_plot(fake, capsys):
+    pytest.importorskip("matplotlib")
+    experiments.main(["figure4", *fake.argv, "--seeds", "1"])
+    experiments.main(["report", "figure4", "--out", str(fake.out), "--plot", str(fake.tmp / "f.png")])
+    assert (fake.tmp / "f.png").stat().st_size > 1000
