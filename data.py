@@ -424,12 +424,14 @@ def download(data_dir, senteval_url=SENTEVAL_URL, stsb_url=STSB_URL, counts=COUN
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.strip().split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.strip().split("\n")[0],
+                                     epilog="example: python data.py --download --data-dir ~/sgbert-data")
+    parser.error = checkpoint.die  # a bad flag is one line
     parser.add_argument("--download", action="store_true", help="fetch senteval/ and stsbenchmark.tsv.gz")
     parser.add_argument("--data-dir", default=None, help="data folder (default: $SG_DATA, else ./data)")
     args = parser.parse_args()
     if not args.download:
-        parser.error("nothing to do: pass --download")
+        checkpoint.die("nothing to do: pass --download (and --data-dir DIR, else $SG_DATA, else ./data)")
     try:
         download(Path(args.data_dir or os.environ.get("SG_DATA") or "data"))
     except DataError as e:

