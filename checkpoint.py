@@ -45,8 +45,11 @@ META = {
     "config": "JSON: the BertConfig, exactly the config.json keys",
     "tokenizer": "the tokenizers library's JSON of the tokenizer (a string, not decoded)",
     "base_model": "the model the run started from, as the user named it (a folder's own name, never a machine path)",
-    "method": "train.py --loss: opt, sg, opt1, opt2, consert, simcse, whitening, flow",
-    "pooling": "how evaluate.py makes the sentence vector: a pooling of bert.POOLINGS",
+    "method": "train.py --loss: opt, sg, opt1, opt2, consert, simcse, promptbert, whitening, flow",
+    "pooling": "how evaluate.py makes the sentence vector: a pooling of bert.POOLINGS, or 'prompt' (PromptBERT: the "
+               "[MASK] vector of the sentence inside 'template')",
+    "template": "pooling 'prompt': the template evaluate.py puts each sentence in, one [X] (the sentence) and one "
+                "[MASK] (prompt.py)",
     "args": "JSON: the resolved training config (every flag, with the method's recipe defaults applied)",
     "best": "JSON: {step, dev} of the weights in the file (STS-B dev Spearman x100)",
     "git": "the short commit of the code that wrote it",

@@ -8,7 +8,9 @@ papers mix them up and the numbers differ by several points:
     wmean  the subsets' Spearmans averaged, weighted by subset size (SentEval's "wmean")
     mean   the subsets' Spearmans averaged (SentEval's "mean")
 STS-B and SICK-R are single test sets, so the three coincide. --layerwise gives the paper's Figure 1: STS-B test
-Spearman of every layer 0..L under cls / mean / max pooling.
+Spearman of every layer 0..L under cls / mean / max pooling. --pooling prompt: PromptBERT's sentence vector, the
+[MASK] token's hidden state with the sentence inside a template (prompt.py), on any model; a PromptBERT checkpoint
+brings its own template.
 
 --tasks transfer runs SentEval's seven transfer tasks (the paper's Table 4: MR, CR, SUBJ, MPQA, SST2, TREC, MRPC)
 by SentEval's own protocol and seeds (transfer.py). Every evaluation takes a function vectors(sentences) -> (n, H),
@@ -19,6 +21,7 @@ so a pooling or a fitted transform plugs in without touching the evaluator. --js
     python evaluate.py --model bert-base-uncased --pooling cls
     python evaluate.py --ckpt sg.safetensors --json results.json
     python evaluate.py --ckpt sg.safetensors --tasks transfer --transfer-config simcse
+    python evaluate.py --model bert-base-uncased --pooling prompt [--template 'This sentence : "[X]" means [MASK] .']
 """
 import os
 import signal
@@ -40,6 +43,7 @@ from scipy.stats import spearmanr
 import bert
 import checkpoint
 import posthoc
+import prompt
 import transfer
 import wk
 from checkpoint import die
@@ -85,13 +89,19 @@ def similarities(emb, index, s1, s2):
 
 
 def sentence_vectors(model, tokenizer, pooling="cls", layer=-1, batch_size=64, wk_args=None, transform=None,
-                     log=None):
+                     log=None, template=None):
     """vectors(sentences) -> (n, H) float32: the one thing every evaluation takes. pooling: a name of bert.POOLINGS,
-    or "wk" (wk.py; wk_args = (layer_start, window)); transform: a fitted map of the pooled vectors (posthoc.py:
-    whitening, a flow); log: where a running count goes while a large set is encoded."""
+    "wk" (wk.py; wk_args = (layer_start, window)) or "prompt" (prompt.py: the [MASK] vector of layer `layer` with
+    each sentence inside `template`, default prompt.UNTRAINED_TEMPLATE, as PromptBERT evaluates: no denoising);
+    transform: a fitted map of the pooled vectors (posthoc.py: whitening, a flow); log: where a running count goes
+    while a large set is encoded."""
     if pooling == "wk":
         start, window = wk_args or (wk.default_layer_start(model.config.num_hidden_layers), 2)
         pooling = partial(wk.wk_pool, layer_start=start, window=window)
+    if pooling == "prompt":  # the template makes the input, its [MASK] is the pooling: the same encode below
+        t = prompt.Template(template or prompt.UNTRAINED_TEMPLATE, tokenizer, model.config.max_position_embeddings,
+                            end_period=True)
+        tokenizer, pooling = t, partial(t.vector, layer=layer)
 
     def vectors(sentences):
         x = bert.encode(model, tokenizer, sentences, pooling=pooling, layer=layer, batch_size=batch_size,
@@ -279,12 +289,16 @@ def get_args(argv=None):
     src.add_argument("--model", help="model folder, or a name resolved as weights/<name>/ (e.g. bert-base-uncased)")
     src.add_argument("--ckpt", help="a .safetensors checkpoint written by train.py")
     a = p.add_argument
-    a("--pooling", choices=[*bert.POOLINGS, "wk"], help="sentence vector (default: the pooling a --ckpt records, e.g. "
-      "last2 for ConSERT; else cls). wk: WK pooling (Wang and Kuo 2020) over layers --wk-layer-start..l")
+    a("--pooling", choices=[*bert.POOLINGS, "wk", "prompt"], help="sentence vector (default: the pooling a --ckpt "
+      "records, e.g. last2 for ConSERT; else cls). wk: WK pooling (Wang and Kuo 2020) over layers --wk-layer-start..l; "
+      "prompt: PromptBERT's [MASK] vector of the sentence inside --template")
     a("--layer", type=int, default=None, help="hidden state to pool, 0 = embeddings (default: -1, the last)")
     a("--wk-layer-start", type=int, help="wk: the first hidden state used (default: l // 3, e.g. 4 for a 12-layer "
       "BERT, 2 for all-MiniLM-L6-v2; the SBERT-WK code's 4 for BERT-base)")
     a("--wk-window", type=int, help="wk: context window, layers on each side (default: 2, the SBERT-WK code's)")
+    a("--template", help="prompt: the template, one [X] (the sentence) and one [MASK] (whose vector is the "
+      "sentence's) (default: the one a --ckpt records, else the paper's best manual template "
+      f"'{prompt.UNTRAINED_TEMPLATE}')")
     a("--pairs", nargs="+", metavar="FILE", help="your own STS data: files of 'sentence1<TAB>sentence2<TAB>score' rows "
       "(or a .csv of the same three columns; header optional), scored like the STS tasks (default tasks: none then)")
     a("--tasks", nargs="+", default=None, metavar="TASK", choices=TASKS + list(SHORT.values()) + TRANSFER + list(TASK_SETS),
@@ -330,6 +344,10 @@ def check_args(args):
         die(f"--wk-window {args.wk_window}: must be at least 1 (layers on each side of the centre layer)")
     if args.pooling == "wk" and args.layer is not None:
         die("--layer means nothing with --pooling wk (it pools layers --wk-layer-start..l): drop it")
+    try:
+        args.template is None or prompt.split(args.template)
+    except ValueError as e:
+        die(f"--template {e}")
     args.layer = -1 if args.layer is None else args.layer
     args.tasks = args.tasks or ([] if args.pairs else ["sts"])
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -369,6 +387,21 @@ def load(args):
     return model, tokenizer, meta, transform
 
 
+def prompt_template(args, meta, model, tokenizer):
+    """--pooling prompt: its template (--template, else the one a --ckpt records, else the paper's best manual one),
+    checked against the tokenizer and the model's positions; None for any other pooling."""
+    if args.pooling != "prompt":
+        if args.template is not None:
+            die("--template is the input of --pooling prompt: add --pooling prompt, or drop it")
+        return None
+    template = args.template or meta.get("template") or prompt.UNTRAINED_TEMPLATE
+    try:
+        prompt.Template(template, tokenizer, model.config.max_position_embeddings)
+    except checkpoint.LoadError as e:
+        die(f"--template {e}" if args.template else f"{args.ckpt or args.model}: template {e}")
+    return template
+
+
 def pairs_plot(args, model, tokenizer, meta, data_dir):
     """The paper's Figure 5: the checkpoint beside the base model it records."""
     base, name = (meta.get("args") or {}).get("model") or meta.get("base_model"), args.ckpt  # args: the path as given
@@ -378,8 +411,9 @@ def pairs_plot(args, model, tokenizer, meta, data_dir):
     except checkpoint.LoadError as e:
         die(f"--pairs-plot: the base model {base!r} recorded in {name} cannot be loaded: {e}")
     plot_pairs({f"before: {'/'.join(Path(str(base)).parts[-2:])}": sts_pairs_2d(
-                    sentence_vectors(before, before_tok, args.pooling), data_dir),
-                f"after: {Path(name).name}": sts_pairs_2d(sentence_vectors(model, tokenizer, args.pooling), data_dir)},
+                    sentence_vectors(before, before_tok, args.pooling, template=args.template), data_dir),
+                f"after: {Path(name).name}": sts_pairs_2d(sentence_vectors(model, tokenizer, args.pooling,
+                                                                           template=args.template), data_dir)},
                args.pairs_plot)
     print(f"pairs plot (paper Fig. 5) written to {args.pairs_plot}")
 
@@ -393,10 +427,12 @@ def run_tasks(args, model, tokenizer, data_dir, transform=None):
     L = model.config.num_hidden_layers
     wk_args = (wk.default_layer_start(L) if args.wk_layer_start is None else args.wk_layer_start, args.wk_window or 2)
     vectors = sentence_vectors(model, tokenizer, args.pooling, args.layer, args.batch_size, wk_args, transform,
-                               log=progress)
+                               log=progress, template=args.template)
     results = {"pooling": args.pooling, "layer": args.layer, "sts": None, "transfer": None, "layerwise": None}
     if args.pooling == "wk":
         results["wk"] = {"layer_start": wk_args[0], "window": wk_args[1]}
+    if args.pooling == "prompt":
+        results["template"] = args.template
     if args.layerwise:
         t0 = time.perf_counter()
         results["layerwise"] = layerwise(model, tokenizer, data_dir, args.batch_size)
@@ -418,7 +454,8 @@ def report(args, results, name, device):
             plot_layerwise(results["layerwise"], args.plot, f"STS-B test, {'/'.join(Path(name).parts[-2:])}")
             print(f"plot written to {args.plot}")
         return
-    where = f"{name} | pooling {args.pooling} | layer {args.layer} | device {device}"
+    where = f"{name} | pooling {args.pooling}" + (f" {args.template!r}" if args.template else "") + \
+        f" | layer {args.layer} | device {device}"
     if results["sts"]:
         print_table(results["sts"], [t for t in results["sts"] if t not in SUMMARY], f"STS Spearman x100 | {where}")
     if results["transfer"]:
@@ -431,6 +468,7 @@ def main(argv=None):
     check_args(args)
     model, tokenizer, meta, transform = load(args)
     args.pooling = args.pooling or meta.get("pooling") or "cls"  # the method's own evaluation pooling
+    args.template = prompt_template(args, meta, model, tokenizer)
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
     model.to(device)
     name = checkpoint.display_name(args.ckpt or args.model)  # what the tables and the JSON call it

@@ -84,6 +84,11 @@ def folder_files(path, name, model, tok, meta):
         raise LoadError(f"{path}: the tokenizer's ids are not 0..{len(vocab) - 1}, so no vocab.txt can hold them")
     norm = tj.get("normalizer") or {}  # BertNormalizer: lowercase, strip_accents, handle_chinese_chars
     pooling = meta.get("pooling") or "cls"  # the method's evaluation pooling, recorded by train.py
+    if pooling == "prompt" or meta.get("template"):
+        raise LoadError(f"{path}: its sentence vector is PromptBERT's [MASK] vector of the sentence inside the template "
+                        f"{meta.get('template')!r}: sentence-transformers cannot express it (its prompts only go "
+                        "before the sentence, and no pooling picks the [MASK] token); evaluate it with `python "
+                        "evaluate.py --ckpt`")
     st_pooling = ST_POOLING.get(pooling, "mean")  # sentence-transformers has no layer-averaging pooling (!!)
     if st_pooling != pooling:
         print(f"warning: {path} is evaluated with {pooling} pooling, which sentence-transformers cannot express; its "

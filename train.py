@@ -1,18 +1,21 @@
 """
-Contrastive training of BERT sentence vectors: SG-OPT (the paper), its ablations, ConSERT and SimCSE in one loop.
+Contrastive training of BERT sentence vectors: SG-OPT (the paper), its ablations, ConSERT, SimCSE and PromptBERT in
+one loop.
 
     python train.py --model bert-base-uncased --loss opt      # -> sg.safetensors, then: python evaluate.py --ckpt sg.safetensors
 
 References: Kim, Yoo, Lee, "Self-Guided Contrastive Learning for BERT Sentence Representations", ACL 2021 (section 3),
 and the official code (galsang/SG-BERT), whose defaults we follow where it and the paper disagree; each such
 divergence is a flag (see the README's "faithful to the code or to the paper" table). ConSERT: Yan et al., ACL 2021
-(yym6472/ConSERT). SimCSE: Gao et al., EMNLP 2021 (princeton-nlp/SimCSE).
+(yym6472/ConSERT). SimCSE: Gao et al., EMNLP 2021 (princeton-nlp/SimCSE). PromptBERT: Jiang et al., EMNLP 2022
+(kongds/Prompt-BERT; the templates and the denoising are in prompt.py).
 
 A method (METHODS) is which encoder makes each side of the contrast, from what input, pooled how, and which loss.
 SG-OPT: side 1 is c_i, BERT_T's last-layer [CLS]; side 2 the views h_ik of a frozen BERT_F, pooled from every hidden
 state k; one projection head f maps both. ConSERT and SimCSE: both sides are BERT_T, twice, with two augmentations or
-two dropout masks. One step is the same few lines for every method: batch -> the two sides -> head -> loss ->
-backward -> (SG family) add the gradient of lam * ||BERT_T - BERT_F||^2 -> clip -> AdamW step -> lr from get_lr(step).
+two dropout masks; PromptBERT: BERT_T's [MASK] vectors of the sentence inside two different templates. One step is the
+same few lines for every method: batch -> the two sides -> head -> loss -> backward -> (SG family) add the gradient of
+lam * ||BERT_T - BERT_F||^2 -> clip -> AdamW step -> lr from get_lr(step).
 The STS-B dev Spearman of BERT_T's sentence vector is measured at step 0, every --eval-every steps and at the last
 step; the best weights are what we save.
 
@@ -51,6 +54,7 @@ import checkpoint
 import data
 import evaluate
 import posthoc
+import prompt
 import sg_loss
 from checkpoint import die
 
@@ -91,6 +95,13 @@ METHODS = {
     # training, the raw [CLS] at evaluation
     "simcse": Method("BERT_T", sg_loss.opt2, head="mlp", recipe=dict(tau=0.05, batch_size=64, max_len=32, lr=3e-5),
                      ignores=SG_ONLY, why=TWO_PASSES),
+    # PromptBERT's unsupervised BERT recipe (run.sh unsup-bert): side 1 and side 2 are BERT_T's [MASK] vectors of the
+    # sentence inside two different templates, each less its template's own (denoising, prompt.py); InfoNCE as
+    # SimCSE's, MLP in training only. Evaluated with the first template, not denoised. max_len: the sentence's tokens
+    "promptbert": Method("BERT_T", sg_loss.opt2, head="mlp", pooling="prompt", eval_pooling="prompt", recipe=dict(
+        tau=0.05, batch_size=256, max_len=32, lr=1e-5, template=prompt.TRAIN_TEMPLATES[0],
+        template2=prompt.TRAIN_TEMPLATES[1]), ignores=(*SG_ONLY, "aug1", "aug2", "pooling", "eval_pooling"),
+        why="its two sides are BERT_T's [MASK] vectors in two templates: no BERT_F, no augmentation, no other pooling"),
     # the paper's post-hoc baselines (posthoc.py; fit_posthoc below): BERT is not trained, a map of its first-last
     # vectors is fitted. Flow: bohanli/BERT-flow's defaults (batch 64 sentences, AdamW 1e-3, BERT's dropout on)
     "whitening": Method("none", None, head="none", pooling="first-last", eval_pooling="first-last",
@@ -99,6 +110,7 @@ METHODS = {
                    recipe=dict(lr=1e-3, batch_size=64), ignores=CONTRASTIVE, why="a flow fitted by likelihood: no contrast"),
 }
 DEFAULTS = dict(tau=0.01, lr=5e-5, batch_size=16, max_len=128, dropout="on", aug1="none", aug2="none")  # SG-OPT's
+OWN_FLAGS = {"whiten_dim": "whitening", "template": "promptbert", "template2": "promptbert"}  # one method's settings
 
 # -----------------------------------------------------------------------------
 # one training step
@@ -126,6 +138,7 @@ class Run:
     aug_gen: torch.Generator = None  # the augmentations of this process's sentences
     aug1: augment.Augmentation = augment.Augmentation()  # of side 1's input (ConSERT)
     aug2: augment.Augmentation = augment.Augmentation()  # of side 2's input
+    templates: tuple = ()  # PromptBERT: side 1's and side 2's prompt.Template, the sentences' input
     meta: dict = field(default_factory=dict)  # checkpoint metadata (checkpoint.META)
 
     def autocast(self):
@@ -161,14 +174,19 @@ def sides(run, x1, x2):
         return model(ids, mask, position_ids=aug.position_ids(mask, run.aug_gen),
                      embedding_fn=aug.embedding_fn(mask, run.aug_gen))
 
+    def vector(x, aug, side):  # BERT_T's sentence vector c of one side
+        if run.templates:  # PromptBERT: the [MASK] vector less the template's own at the sentence's length
+            return run.templates[side].denoised(run.bert_T, *x)
+        return bert.pool(encode(run.bert_T, *x, aug), x[1], cfg.pooling)
+
     if run.method.side2 == "BERT_F":  # views h_ik: every selected hidden state of BERT_F, pooled over all tokens
         with torch.no_grad(), run.autocast():
             h = layer_views(lambda i, m: encode(run.bert_F, i, m, aug2), *x2, run.layers, cfg.view_pooling)  # (b, L, H)
     with run.autocast():
-        c = bert.pool(encode(run.bert_T, *x1, aug1), x1[1], cfg.pooling)  # sentence vectors c_i (b, H)
+        c = vector(x1, aug1, 0)  # sentence vectors c_i (b, H)
         if run.method.side2 == "BERT_F":
             return project(run.head, c, h)  # one shared head f maps c and h
-        c2 = bert.pool(encode(run.bert_T, *x2, aug2), x2[1], cfg.pooling)  # other augmentation, other dropout mask
+        c2 = vector(x2, aug2, 1)  # other augmentation (or template), other dropout mask
         z = run.head(torch.cat([c, c2]))
         return z[:len(c)].float(), z[len(c):].float()
 
@@ -247,8 +265,10 @@ def batches(run):
                 yield ([e[0] for e in ex], [e[1] for e in ex]) if isinstance(ex[0], tuple) else (ex, None)
 
 
-def tensors(run, sentences):
-    return bert.batch_tensors(run.tokenizer.encode_batch(sentences), raw(run.bert_T).config.pad_token_id, run.device)
+def tensors(run, sentences, side=0):
+    """(ids, mask) of one side's sentences: inside that side's template for PromptBERT, else as they are."""
+    tok = run.templates[side] if run.templates else run.tokenizer
+    return bert.batch_tensors(tok.encode_batch(sentences), raw(run.bert_T).config.pad_token_id, run.device)
 
 
 def train_loop(run, keeper):
@@ -262,9 +282,9 @@ def train_loop(run, keeper):
         evaluation(run, keeper, stats, 0)
         t_mark, mark = time.perf_counter(), 0  # the training time since the last log line or evaluation
         while step < run.total and not stop:
-            x1, x2 = next(data_iter)
-            x1 = tensors(run, x1)
-            x2 = x1 if x2 is None else tensors(run, x2)
+            s1, s2 = next(data_iter)
+            x1 = tensors(run, s1)
+            x2 = x1 if s2 is None and not run.templates else tensors(run, s1 if s2 is None else s2, side=1)
             loss, reg, norm, lr = train_step(run, step, x1, x2)
             step = stats["step"] = step + 1
             if step % cfg.log_every == 0 or step in (1, run.total):
@@ -341,7 +361,8 @@ def evaluation(run, keeper, stats, step):
 
 def dev_score(run):
     model = raw(run.bert_T)
-    vectors = evaluate.sentence_vectors(model, run.tokenizer, run.cfg.eval_pooling, batch_size=run.cfg.eval_batch_size)
+    vectors = evaluate.sentence_vectors(model, run.tokenizer, run.cfg.eval_pooling, batch_size=run.cfg.eval_batch_size,
+                                        template=run.cfg.template)  # PromptBERT: the first template, not denoised
     return evaluate.stsb_spearman(vectors, run.data_dir, "dev")
 
 
@@ -405,7 +426,7 @@ def final_report(cfg, model, tokenizer, data_dir, best, device, transform=None):
     """STS-B dev and test Spearman of the best weights (the official code evaluates the last ones by mistake), and
     the STS-B test inference time (the paper's Table 6); with --eval-all the 7-task table."""
     vectors = evaluate.sentence_vectors(model, tokenizer, cfg.eval_pooling, batch_size=cfg.eval_batch_size,
-                                        transform=transform)
+                                        transform=transform, template=cfg.template)
     print("encoding STS-B dev and test ...", flush=True)
     dev = evaluate.stsb_spearman(vectors, data_dir, "dev")
     sync(device); t0 = time.perf_counter()
@@ -530,20 +551,29 @@ def build_run(cfg, bert_F, tokenizer, examples, data_dir, device, rank=0, world=
         ids = [device.index] if device.type == "cuda" else None
         bert_T = DDP(bert_T, device_ids=ids)
         head = DDP(head, device_ids=ids) if any(p.requires_grad for p in head.parameters()) else head
+    templates = []
+    if method.pooling == "prompt":  # PromptBERT: each side's sentences inside its own template
+        for flag, text in (("--template", cfg.template), ("--template2", cfg.template2)):
+            try:
+                templates.append(prompt.Template(text, tokenizer, bert_F.config.max_position_embeddings))
+            except checkpoint.LoadError as e:
+                die(f"{flag} {e}")
     last = len(examples) % cfg.batch_size
     n_batches = len(examples) // cfg.batch_size + (last - last % world >= max(2, world))  # see batches()
     total = cfg.max_steps or cfg.epochs * n_batches
     print(f"{len(examples)} {'pairs' if isinstance(examples[0], tuple) else 'sentences'} | {total} steps of "
           f"{cfg.batch_size} | loss {cfg.loss} tau {cfg.tau} | side 2: {method.side2}"
           + (f" views of hidden states {layers[0]}..{layers[-1]} ({len(layers)}), lam {cfg.lam}" if method.side2 == "BERT_F"
+             else f" | templates {cfg.template!r} and {cfg.template2!r}, denoised" if templates
              else f" | aug1 {cfg.aug1} aug2 {cfg.aug2}"))
     return Run(cfg=cfg, method=method, bert_F=bert_F, bert_T=bert_T, head=head, optimizer=optimizer,
                trainable=[p for g in optimizer.param_groups for p in g["params"]], layers=layers, total=total,
                tokenizer=tokenizer, examples=examples, data_dir=data_dir, device=device, rank=rank, world=world,
                gen=torch.Generator().manual_seed(cfg.seed), aug_gen=torch.Generator().manual_seed(cfg.seed + rank),
-               aug1=augment.parse(cfg.aug1), aug2=augment.parse(cfg.aug2),
+               aug1=augment.parse(cfg.aug1), aug2=augment.parse(cfg.aug2), templates=tuple(templates),
                meta={"tokenizer": tokenizer.to_str(), "base_model": checkpoint.display_name(cfg.model), "args": vars(cfg),
-                     "git": git_sha(), "pooling": cfg.eval_pooling, "method": cfg.loss})
+                     "git": git_sha(), "pooling": cfg.eval_pooling, "method": cfg.loss,
+                     **({"template": cfg.template} if templates else {})})
 
 
 def view_layers(spec, n_hidden):
@@ -677,6 +707,14 @@ def layers_flag(spec):
     return spec  # kept as written: it is saved in the checkpoint's config
 
 
+def template_flag(text):
+    try:
+        prompt.split(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
+
+
 def augmentation(spec):
     try:
         augment.parse(spec)
@@ -711,19 +749,23 @@ def add_method_flags(a):
       "(default: %(default)s)")
     a("--loss", default="opt", choices=list(METHODS),
       help="opt: SG-OPT over all b x (l+1) views (default); sg: NT-Xent; opt1/opt2: the paper's ablations (sg/opt1/opt2 "
-           "use one view per sentence, its layer sampled uniformly); consert, simcse: the other systems, each with its "
-           "own recipe's defaults for the flags marked (method); whitening, flow: the paper's post-hoc baselines (BERT "
-           "untouched, a map of its first-last vectors fitted on --data)")
-    a("--tau", type=positive, help="temperature of the contrastive loss (method: 0.01 SG, 0.1 ConSERT, 0.05 SimCSE)")
+           "use one view per sentence, its layer sampled uniformly); consert, simcse, promptbert: the other systems, "
+           "each with its own recipe's defaults for the flags marked (method); whitening, flow: the paper's post-hoc "
+           "baselines (BERT untouched, a map of its first-last vectors fitted on --data)")
+    a("--tau", type=positive, help="temperature of the contrastive loss (method: 0.01 SG, 0.1 ConSERT, 0.05 SimCSE and "
+      "PromptBERT)")
     a("--lam", type=at_least(0.0, float), default=0.1, help="weight of the regulariser ||BERT_T - BERT_F||^2 (SG family; "
       "default: %(default)s)")
-    a("--lr", type=at_least(0.0, float), help="peak learning rate of AdamW (method: 5e-5 SG, 5e-7 ConSERT, 3e-5 SimCSE)")
+    a("--lr", type=at_least(0.0, float), help="peak learning rate of AdamW (method: 5e-5 SG, 5e-7 ConSERT, 3e-5 "
+      "SimCSE, 1e-5 PromptBERT)")
     a("--weight-decay", type=at_least(0.0, float), default=0.01,
       help="AdamW weight decay on weights (not biases, not LayerNorm). code: 0.01 (default), paper: not stated")
     a("--batch-size", type=at_least(2, why="the other sentences of the batch are the negatives"),
-      help="sentences per step (b); the other b-1 sentences are the negatives (method: 16 SG, 96 ConSERT, 64 SimCSE)")
+      help="sentences per step (b); the other b-1 sentences are the negatives (method: 16 SG, 96 ConSERT, 64 SimCSE, "
+      "256 PromptBERT)")
     a("--max-len", type=at_least(3, why="room for [CLS], one token and [SEP]"), help="tokens per sentence, [CLS]/[SEP] "
-      "included; longer ones are truncated (method: 128 SG, 64 ConSERT, 32 SimCSE)")
+      "included; longer ones are truncated (method: 128 SG, 64 ConSERT, 32 SimCSE; PromptBERT: 32 tokens of the "
+      "sentence alone, the template's come on top)")
     a("--dropout", choices=["on", "off"], help="BERT_T's own dropout in training; flow: BERT's dropout while it makes "
       "the vectors the flow is fitted on, as the BERT-flow code (method: off for ConSERT, else on)")
     a("--aug1", type=augmentation, help="augmentation of side 1's input (augment.py: none, shuffle, token-cutoff:R, "
@@ -742,6 +784,10 @@ def add_method_flags(a):
     a("--no-proj", action="store_true", help="ablation: no projection head f (the loss sees BERT vectors directly)")
     a("--proj-size", type=at_least(1), default=4096, help="width of the projection head f (default: %(default)s)")
     a("--whiten-dim", type=at_least(1), help="whitening: keep the first K dimensions (default: all H)")
+    a("--template", type=template_flag, help="promptbert: side 1's template, also the one evaluated and recorded in "
+      "the checkpoint: one [X] (the sentence) and one [MASK] (whose vector is the sentence's) (method: "
+      f"'{prompt.TRAIN_TEMPLATES[0]}')")
+    a("--template2", type=template_flag, help=f"promptbert: side 2's template (method: '{prompt.TRAIN_TEMPLATES[1]}')")
 
 
 def add_run_flags(a):
@@ -785,10 +831,11 @@ def resolve_config(args):
             setattr(cfg, k, v)
     cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
     cfg.precision = cfg.precision or ("bf16" if cuda else "fp32")
-    given = [k for k in (*m.ignores, *(["whiten_dim"] if args.loss != "whitening" else [])) if k in args.given]
+    given = [k for k in m.ignores if k in args.given]
+    given += [k for k, owner in OWN_FLAGS.items() if k in args.given and owner != args.loss]
     if given:
-        die(f"--{given[0].replace('_', '-')} means nothing for --loss {args.loss} "
-            f"({m.why or 'it sets the dimension of --loss whitening'}): drop it")
+        why = m.why if given[0] in m.ignores else f"it is a setting of --loss {OWN_FLAGS[given[0]]}"
+        die(f"--{given[0].replace('_', '-')} means nothing for --loss {args.loss} ({why}): drop it")
     return cfg
 
 
