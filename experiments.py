@@ -76,6 +76,7 @@ class Experiment:
     table: str = "sts"  # the report: sts (7 STS tasks), transfer (Table 4), efficiency (Table 6), drops (Figure 4)
     transfer: tuple = ()  # the transfer tasks whose data it reads (checked before any run)
     fresh: bool = False  # its runs are never copied from another experiment's (timings from one sweep)
+    then_seeds: int = 0  # > 0: only the runs of the sweep's first N seeds take their variant's second step
 
 
 # flags of a sweep that a fitted baseline takes: the rest (the contrast's, the optimiser's) train.py refuses for it
@@ -85,6 +86,7 @@ WHITENING = Variant("whitening", ["--loss", "whitening"], seeded=False, accepts=
 FLOW = Variant("flow", ["--loss", "flow"], {"BERT-base": "68.77 +- 0.07", "SBERT-base": "77.42"}, accepts=FLOW_FLAGS)
 SG_OPT = Variant("sg-opt", [], {"BERT-base": "74.62 +- 0.25"})
 TRANSFER_TEXT = "{transfer_text}"  # a --data value: the file transfer_text() writes
+TRANSFER_PAPER = ["--tasks", "transfer", "--transfer-config", "paper"]  # evaluate.py: Table 4's protocol
 EXPERIMENTS = {
     "table1": Experiment("Table 1: untrained poolings, the post-hoc baselines and SG / SG-OPT", [
         Variant("cls", ["--pooling", "cls"], {"BERT-base": "31.40", "SBERT-base": "71.32"}, evaluate_only=True),
@@ -169,6 +171,26 @@ EXPERIMENTS = {
     ], "Each method with its own recipe (train.py METHODS: tau, batch, max length, lr, pooling, augmentations), "
        "trained on the STS-B sentences; the paper figures are each method's own paper (ConSERT's trained on STS+SICK "
        "text for 10 epochs; SimCSE's on 10^6 Wikipedia sentences)."),
+    "leaderboard": Experiment("Every method and baseline on one harness: STS, transfer and cost", [
+        *[Variant(n, ["--pooling", n, "--tasks", "all", "--transfer-config", "paper"], {"BERT-base, its own paper": p}, evaluate_only=True)
+          for n, p in (("cls", "31.40 (SG-BERT)"), ("mean", "52.57 (SG-BERT)"), ("first-last", "56.70 (SimCSE)"),
+                       ("wk", "25.58 (SG-BERT)"), ("prompt", "67.85 (PromptBERT)"))],
+        Variant("whitening", WHITENING.flags, {"BERT-base, its own paper": "69.21 (wmean)"}, seeded=False,
+                accepts=WHITENING_FLAGS, then=TRANSFER_PAPER),
+        Variant("flow", FLOW.flags, {"BERT-base, its own paper": "69.57 (wmean)"}, accepts=FLOW_FLAGS, then=TRANSFER_PAPER),
+        Variant("sg", ["--loss", "sg"], {"BERT-base, its own paper": "72.17"}, then=TRANSFER_PAPER),
+        Variant("sg-opt", [], {"BERT-base, its own paper": "74.62 +- 0.25"}, then=TRANSFER_PAPER),
+        Variant("consert", ["--loss", "consert"], {"BERT-base, its own paper": "72.74"}, then=TRANSFER_PAPER),
+        Variant("simcse", ["--loss", "simcse"], {"BERT-base, its own paper": "76.25"}, then=TRANSFER_PAPER),
+        Variant("promptbert", ["--loss", "promptbert"], {"BERT-base, its own paper": "78.54 +- 0.15"}, then=TRANSFER_PAPER),
+        # ours: self-guidance on the pooling the model was trained with (c_i = BERT_T's mean-pooled last layer)
+        Variant("sg-opt-mean", ["--pooling", "mean", "--eval-pooling", "mean"], then=TRANSFER_PAPER),
+    ], "Each method with its own recipe (train.py METHODS) for one epoch of the 17,256 STS-B sentences: the common "
+       "budget is the data, not the steps (1,079 steps of 16 for the SG family, 270 of 64 for SimCSE, 180 of 96 for "
+       "ConSERT, 68 of 256 for PromptBERT, 269 of 64 for the flow). Transfer: the 7 SentEval tasks, the paper's "
+       "classifier, on the first seed's run of each method. The paper figures are each method's own paper on "
+       "BERT-base ('all' protocol unless marked; whitening and flow: their papers' 'target' fits in 'wmean').",
+       table="leaderboard", transfer=tuple(data.TRANSFER), then_seeds=1),
 }
 
 # -----------------------------------------------------------------------------
@@ -192,7 +214,9 @@ def get(x, *keys):
 
 def needs(exp, v):
     """The key paths a record of v must hold, each a number, for exp's tables."""
-    if exp.table == "transfer":
+    if exp.table == "leaderboard":  # transfer only on the first seed's runs: not needed
+        paths = [("sts", t, "all") for t in [*TASKS, "avg"]]
+    elif exp.table == "transfer":
         paths = [("transfer", t, "acc") for t in data.TRANSFER] + [("transfer", "avg")]
     elif exp.table == "efficiency":
         paths = [("sts", "STSBenchmark", "all")] + ([("sts", "seconds")] if v.evaluate_only else [])
@@ -304,6 +328,7 @@ class Run:
     v: Variant
     seed: int  # None: run once (an evaluation, an unseeded fit)
     folder: Path
+    then: bool = True  # takes its variant's second step (Experiment.then_seeds)
 
     @property
     def stem(self):
@@ -324,27 +349,29 @@ def plan(name, seeds, out):
         for v in EXPERIMENTS[name].variants:
             once = v.evaluate_only or not v.seeded
             if not (once and i > 0):
-                runs.append(Run(name, v, None if once else seed, Path(out) / name / v.name))
+                then = not EXPERIMENTS[name].then_seeds or i < EXPERIMENTS[name].then_seeds
+                runs.append(Run(name, v, None if once else seed, Path(out) / name / v.name, then))
     return runs
 
 
 def commands(run, args, extra, text):
     """(key, the run's command, the command of its second step or None). text: the transfer-text file."""
     v, data_dir = run.v, (["--data-dir", args.data_dir] if args.data_dir else [])
+    second = v.then if run.then else []
     if v.evaluate_only:
         script, flags = "evaluate.py", [*v.flags, *sweep_flags(extra, rename=EVAL_FLAGS), *data_dir]
     else:
         seed = [] if run.seed is None else ["--seed", str(run.seed)]
         script, flags = "train.py", [*sweep_flags(extra, v.accepts), *v.flags, *seed, *data_dir]
-    key = run_key(args.model, [script, *flags, *(["then", *v.then] if v.then else [])], run.seed)
+    key = run_key(args.model, [script, *flags, *(["then", *second] if second else [])], run.seed)
     flags = [str(text) if f == TRANSFER_TEXT else f for f in flags]
     cmd = [sys.executable, str(ROOT / script), "--model", str(args.model), *flags, "--json", str(run.path(".json",
                                                                                                        ".result"))]
     if not v.evaluate_only:
         cmd += ["--out", str(run.path(".safetensors")), "--overwrite", "--eval-all"]
-    then = [sys.executable, str(ROOT / "evaluate.py"), "--ckpt", str(run.path(".safetensors")), *v.then,
+    then = [sys.executable, str(ROOT / "evaluate.py"), "--ckpt", str(run.path(".safetensors")), *second,
             *sweep_flags(extra, rename=EVAL_FLAGS), *data_dir, "--json", str(run.path(".json", ".then"))]
-    return key, cmd, then if v.then else None
+    return key, cmd, then if second else None
 
 
 def shown(cmd):
@@ -560,15 +587,20 @@ def step_ms(x):
 
 
 def summarize_variant(v, recs):
-    """{seeds, paper, sts: {task: [mean, std]}, transfer: {task: [mean, std]}, and the times} over v's records;
-    a task is in only when every record has it."""
+    """{seeds, paper, sts: {task: [mean, std]}, transfer: {task: [mean, std]}, transfer_n, and the times} over v's
+    records; an STS task is in only when every record has it, transfer is over the records that have all of it
+    (the leaderboard's transfer runs on the first seed only)."""
     row = {"seeds": [r.get("seed") for r in recs], "paper": v.paper}
-    for block, tasks, key in (("sts", [*TASKS, "avg"], "all"), ("transfer", [*data.TRANSFER, "avg"], "acc")):
-        cols = {t: [get(r, block, t, key) if t != "avg" or block == "sts" else get(r, block, t) for r in recs]
+    with_transfer = [r for r in recs if all(number(get(r, "transfer", t, "acc")) for t in data.TRANSFER)
+                     and number(get(r, "transfer", "avg"))]
+    for block, tasks, key, rs in (("sts", [*TASKS, "avg"], "all", recs),
+                                  ("transfer", [*data.TRANSFER, "avg"], "acc", with_transfer)):
+        cols = {t: [get(r, block, t, key) if t != "avg" or block == "sts" else get(r, block, t) for r in rs]
                 for t in tasks}
-        cols = {t: ms(xs) for t, xs in cols.items() if all(map(number, xs))}
+        cols = {t: ms(xs) for t, xs in cols.items() if xs and all(map(number, xs))}
         if cols:
             row[block] = cols
+    row["transfer_n"] = len(with_transfer)
     if v.evaluate_only:
         secs = [get(r, "sts", "seconds") for r in recs]
         if all(map(number, secs)):
@@ -676,7 +708,28 @@ def drops_table(exp, summary):
             *table(["variant", "minus", "STS-B", "7-task avg", "paper STS-B", "paper avg"], rows)]
 
 
-TABLES = {"sts": sts_table, "transfer": transfer_table, "efficiency": efficiency_table, "drops": drops_table}
+def leaderboard_table(exp, summary):
+    """Every method on one harness: the STS table, the transfer average (its n: the runs that have it) and the cost
+    of each method (train time, time per step, STS-B test inference), each method's own paper figure beside."""
+    head = ["method", "n", *[SHORT.get(t, t) for t in TASKS], "avg", "transfer avg (n)", "train (min)", "ms/step",
+            "STS-B test inference (s)", "own paper (BERT-base)"]
+    rows = []
+    for v in exp.variants:
+        r = summary.get(v.name)
+        if r is None:
+            continue
+        n, sts, tr = len(r["seeds"]), r.get("sts", {}), r.get("transfer", {}).get("avg")
+        train, step = r.get("train_seconds"), r.get("ms_per_step")
+        inf = r.get("inference_seconds") if "wall_seconds" in r else None  # evaluate.py times all 7 tasks at once
+        rows.append([v.name, str(n), *[cell(sts.get(t), n) for t in [*TASKS, "avg"]],
+                     f"{cell(tr, r['transfer_n'])} ({r['transfer_n']})" if tr else "",
+                     f"{train[0] / 60:.1f}" if train else "", f"{step[0]:.0f}" if step and step[0] else "",
+                     f"{inf[0]:.1f}" if inf else "", next(iter(v.paper.values()), "")])
+    return [f"Spearman x100, `all` protocol, mean +- std over seeds; transfer: accuracy x100. {exp.note}", "",
+            *table(head, rows)]
+
+
+TABLES = {"sts": sts_table, "transfer": transfer_table, "efficiency": efficiency_table, "drops": drops_table, "leaderboard": leaderboard_table}
 
 
 def report(name, out, plot=None):
@@ -738,7 +791,8 @@ def list_experiments():
         print(f"{name}: {exp.title}")
         for v in exp.variants:
             kind = ("evaluate.py (untrained)" if v.evaluate_only else "train.py" + ("" if v.seeded else ", once")
-                    + (f", then evaluate.py {' '.join(v.then)}" if v.then else ""))
+                    + (f", then evaluate.py {' '.join(v.then)}" if v.then else "")
+                    + (f" (the first {exp.then_seeds} seed(s) only)" if v.then and exp.then_seeds else ""))
             paper = "; ".join(f"paper {b}: {x}" for b, x in v.paper.items())
             print(f"  {v.name:<22} {kind} {' '.join(v.flags) or '(defaults)'}" + (f" | {paper}" if paper else ""))
         if exp.note:

@@ -157,7 +157,7 @@ score = float(flag("--score", 70)) + 0.1 * int(flag("--seed", 0))
 if "transfer-text" in str(flag("--data", "")):
     score -= 12 if flag("--loss") == "flow" else 2
 TASKS = ["STS12", "STS13", "STS14", "STS15", "STS16", "STSBenchmark", "SICKRelatedness"]
-tasks = TASKS if flag("--tasks") in (None, "sts") else [t for t in TASKS if t == flag("--tasks")]
+tasks = TASKS if flag("--tasks") in (None, "sts", "all") else [t for t in TASKS if t == flag("--tasks")]
 sts = {t: {"all": score + i, "wmean": score, "mean": score} for i, t in enumerate(tasks)}
 sts["avg"] = {p: sum(sts[t][p] for t in tasks) / max(len(tasks), 1) for p in ("all", "wmean", "mean")}
 sts["seconds"] = {"mean": 4.0, "wk": 8.0}.get(flag("--pooling"), 5.0)
@@ -167,7 +167,7 @@ transfer["avg"] = sum(transfer[t]["acc"] for t in TRANSFER) / 7
 if script == "evaluate.py":
     result = {"model": "m", "device": "cpu", "pooling": flag("--pooling"), "layer": -1, "layerwise": None,
               "sts": None if flag("--tasks") == "transfer" or "--ckpt" in argv else sts,
-              "transfer": transfer if flag("--tasks") == "transfer" else None}
+              "transfer": transfer if flag("--tasks") in ("transfer", "all") else None}
 else:
     result = {"best_step": 2, "dev": score, "test": score, "steps": 3, "stop": None, "sts": sts,
               "wall_seconds": 60.0 + int(flag("--seed", 0)), "test_seconds": 2.0, "ms_per_step": 100.0}
@@ -539,3 +539,22 @@ def test_figure4_plot(fake, capsys):
     experiments.main(["figure4", *fake.argv, "--seeds", "1"])
     experiments.main(["report", "figure4", "--out", str(fake.out), "--plot", str(fake.tmp / "f.png")])
     assert (fake.tmp / "f.png").stat().st_size > 1000
+
+
+def test_leaderboard_transfers_the_first_seed_only_and_reports_every_method(fake, capsys):
+    record(fake.out / "methods/simcse/seed-2.json", **sts_record(60, seed=2),
+           key=experiments.run_key("m", ["train.py", "--loss", "simcse", "--seed", "2", "--data-dir", str(fake.data)],
+                                   2))  # a finished run of the same command elsewhere: seed 2 is copied
+    experiments.main(["leaderboard", *fake.argv])
+    t = fake.out / "leaderboard"
+    one, two = (json.loads((t / f"sg-opt/seed-{s}.json").read_text()) for s in (1, 2))
+    assert one["then"][3:7] == ["--tasks", "transfer", "--transfer-config", "paper"] and one["transfer"]["MR"]
+    assert "then" not in two and two["transfer"] is None and "then" not in json.loads(two["key"])[1]
+    assert json.loads((t / "simcse/seed-2.json").read_text())["same_as"] == "methods/simcse/seed-2.json"
+    cls = json.loads((t / "cls/eval.json").read_text())
+    assert cls["sts"]["avg"]["all"] == 73.0 and cls["transfer"]["avg"] == 83.0  # --tasks all: both in one run
+    out = capsys.readouterr().out
+    assert "| sg-opt | 2 | 70.15 +- 0.07 |" in out and "| 84.00 (1) | 1.0 | 100 | 2.0 | 74.62 +- 0.25 |" in out
+    assert "| cls | 1 | 70.00 | 71.00 | 72.00 | 73.00 | 74.00 | 75.00 | 76.00 | 73.00 | 83.00 (1) |  |  |  | 31.40" in out
+    assert "| promptbert | 2 |" in out and "| sg-opt-mean | 2 |" in out
+    assert "one epoch of the 17,256 STS-B sentences" in out
