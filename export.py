@@ -231,7 +231,9 @@ def export_readme(name, meta, args, best, cfg, max_len, pooling="cls", st_poolin
 
 def main(argv=None):
     p = argparse.ArgumentParser(prog="export.py", description="write an sgbert checkpoint as a Hugging Face BertModel "
-                                "+ sentence-transformers folder")
+                                "+ sentence-transformers folder",
+                                epilog="example: python export.py sg.safetensors sg-bert/  (then SentenceTransformer('sg-bert'))")
+    p.error = die  # a bad flag is one line
     p.add_argument("src", metavar="CHECKPOINT", help="a .safetensors written by train.py, or a model folder or name")
     p.add_argument("out_dir", metavar="OUT_DIR", help="folder to create; must be absent or empty unless --force")
     p.add_argument("--force", action="store_true", help="replace OUT_DIR even if it is not empty")

@@ -61,3 +61,10 @@ def test_quick_start_main_job_runs_on_the_tiny_model(tmp_path, shared_data, tiny
     table = out["evaluate.py"]
     for task in ("STS12", "STS13", "STS14", "STS15", "STS16", "STS-B", "SICK-R", "avg"):
         assert re.search(rf"^{re.escape(task)}\b", table, re.M), f"no {task} row in evaluate.py's table:\n{table}"
+
+
+@pytest.mark.parametrize("script", ["train.py", "evaluate.py", "export.py", "data.py", "bench.py", "experiments.py"])
+def test_every_command_has_help_with_an_example(script):
+    p = subprocess.run([sys.executable, str(ROOT / script), "--help"], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and p.stdout.startswith("usage:"), p.stderr
+    assert re.search(rf"^\s*(example:\s*)?python {script} \S", p.stdout, re.M), f"{script} --help shows no example line"
