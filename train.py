@@ -707,20 +707,18 @@ def layers_flag(spec):
     return spec  # kept as written: it is saved in the checkpoint's config
 
 
-def template_flag(text):
-    try:
-        prompt.split(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-    return text
+def checked(validate):
+    """An argparse type: the value as written, once validate(value) has raised no ValueError (else its message)."""
+    def parse(s):
+        try:
+            validate(s)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+        return s
+    return parse
 
 
-def augmentation(spec):
-    try:
-        augment.parse(spec)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-    return spec
+template_flag, augmentation = checked(prompt.split), checked(augment.parse)  # --template(2), --aug1 / --aug2
 
 
 def get_args(argv=None):
