@@ -87,6 +87,7 @@ FLOW = Variant("flow", ["--loss", "flow"], {"BERT-base": "68.77 +- 0.07", "SBERT
 SG_OPT = Variant("sg-opt", [], {"BERT-base": "74.62 +- 0.25"})
 TRANSFER_TEXT = "{transfer_text}"  # a --data value: the file transfer_text() writes
 TRANSFER_PAPER = ["--tasks", "transfer", "--transfer-config", "paper"]  # evaluate.py: Table 4's protocol
+OWN = "BERT-base, its own paper"  # the leaderboard's paper column: each method's own paper
 EXPERIMENTS = {
     "table1": Experiment("Table 1: untrained poolings, the post-hoc baselines and SG / SG-OPT", [
         Variant("cls", ["--pooling", "cls"], {"BERT-base": "31.40", "SBERT-base": "71.32"}, evaluate_only=True),
@@ -172,17 +173,17 @@ EXPERIMENTS = {
        "trained on the STS-B sentences; the paper figures are each method's own paper (ConSERT's trained on STS+SICK "
        "text for 10 epochs; SimCSE's on 10^6 Wikipedia sentences)."),
     "leaderboard": Experiment("Every method and baseline on one harness: STS, transfer and cost", [
-        *[Variant(n, ["--pooling", n, "--tasks", "all", "--transfer-config", "paper"], {"BERT-base, its own paper": p}, evaluate_only=True)
+        *[Variant(n, ["--pooling", n, "--tasks", "all", "--transfer-config", "paper"], {OWN: p}, evaluate_only=True)
           for n, p in (("cls", "31.40 (SG-BERT)"), ("mean", "52.57 (SG-BERT)"), ("first-last", "56.70 (SimCSE)"),
                        ("wk", "25.58 (SG-BERT)"), ("prompt", "67.85 (PromptBERT)"))],
-        Variant("whitening", WHITENING.flags, {"BERT-base, its own paper": "69.21 (wmean)"}, seeded=False,
+        Variant("whitening", WHITENING.flags, {OWN: "69.21 (wmean)"}, seeded=False,
                 accepts=WHITENING_FLAGS, then=TRANSFER_PAPER),
-        Variant("flow", FLOW.flags, {"BERT-base, its own paper": "69.57 (wmean)"}, accepts=FLOW_FLAGS, then=TRANSFER_PAPER),
-        Variant("sg", ["--loss", "sg"], {"BERT-base, its own paper": "72.17"}, then=TRANSFER_PAPER),
-        Variant("sg-opt", [], {"BERT-base, its own paper": "74.62 +- 0.25"}, then=TRANSFER_PAPER),
-        Variant("consert", ["--loss", "consert"], {"BERT-base, its own paper": "72.74"}, then=TRANSFER_PAPER),
-        Variant("simcse", ["--loss", "simcse"], {"BERT-base, its own paper": "76.25"}, then=TRANSFER_PAPER),
-        Variant("promptbert", ["--loss", "promptbert"], {"BERT-base, its own paper": "78.54 +- 0.15"}, then=TRANSFER_PAPER),
+        Variant("flow", FLOW.flags, {OWN: "69.57 (wmean)"}, accepts=FLOW_FLAGS, then=TRANSFER_PAPER),
+        Variant("sg", ["--loss", "sg"], {OWN: "72.17"}, then=TRANSFER_PAPER),
+        Variant("sg-opt", [], {OWN: "74.62 +- 0.25"}, then=TRANSFER_PAPER),
+        Variant("consert", ["--loss", "consert"], {OWN: "72.74"}, then=TRANSFER_PAPER),
+        Variant("simcse", ["--loss", "simcse"], {OWN: "76.25"}, then=TRANSFER_PAPER),
+        Variant("promptbert", ["--loss", "promptbert"], {OWN: "78.54 +- 0.15"}, then=TRANSFER_PAPER),
         # ours: self-guidance on the pooling the model was trained with (c_i = BERT_T's mean-pooled last layer)
         Variant("sg-opt-mean", ["--pooling", "mean", "--eval-pooling", "mean"], then=TRANSFER_PAPER),
     ], "Each method with its own recipe (train.py METHODS) for one epoch of the 17,256 STS-B sentences: the common "
@@ -344,12 +345,12 @@ class Run:
 
 def plan(name, seeds, out):
     """The runs of a sweep, seed-major: every variant gets its first seed before any gets its second."""
-    runs = []
+    runs, exp = [], EXPERIMENTS[name]
     for i, seed in enumerate(seeds):
-        for v in EXPERIMENTS[name].variants:
+        for v in exp.variants:
             once = v.evaluate_only or not v.seeded
             if not (once and i > 0):
-                then = not EXPERIMENTS[name].then_seeds or i < EXPERIMENTS[name].then_seeds
+                then = not exp.then_seeds or i < exp.then_seeds
                 runs.append(Run(name, v, None if once else seed, Path(out) / name / v.name, then))
     return runs
 
@@ -732,7 +733,8 @@ def leaderboard_table(exp, summary):
             *table(head, rows)]
 
 
-TABLES = {"sts": sts_table, "transfer": transfer_table, "efficiency": efficiency_table, "drops": drops_table, "leaderboard": leaderboard_table}
+TABLES = {"sts": sts_table, "transfer": transfer_table, "efficiency": efficiency_table, "drops": drops_table,
+          "leaderboard": leaderboard_table}
 
 
 def report(name, out, plot=None):
