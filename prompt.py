@@ -37,8 +37,8 @@ def split(template):
     unless there is exactly one [X] and one [MASK]."""
     wrong = [f"{'no' if n == 0 else n} {p}" for p in ("[X]", "[MASK]") if (n := template.count(p)) != 1]
     if wrong:
-        raise ValueError(f"{template!r} has {' and '.join(wrong)}: a template holds exactly one [X] (where the sentence "
-                         f"goes) and one [MASK] (whose vector is the sentence's), e.g. {TRAIN_TEMPLATES[0]!r}")
+        raise ValueError(f"{template!r} has {' and '.join(wrong)}: a template holds exactly one [X] (where the "
+                         f"sentence goes) and one [MASK] (whose vector is the sentence's), e.g. {TRAIN_TEMPLATES[0]!r}")
     before, after = template.split("[X]")
     return before, after
 

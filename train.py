@@ -284,7 +284,8 @@ def train_loop(run, keeper):
         while step < run.total and not stop:
             s1, s2 = next(data_iter)
             x1 = tensors(run, s1)
-            x2 = x1 if s2 is None and not run.templates else tensors(run, s1 if s2 is None else s2, side=1)
+            # side 2: the paraphrases; PromptBERT: the same sentences in its second template; else side 1's tensors
+            x2 = tensors(run, s1 if s2 is None else s2, side=1) if s2 is not None or run.templates else x1
             loss, reg, norm, lr = train_step(run, step, x1, x2)
             step = stats["step"] = step + 1
             if step % cfg.log_every == 0 or step in (1, run.total):
