@@ -12,6 +12,8 @@ is named with what to do, and left out of the tables. A run in flight holds .see
 --out share its runs: each run is run once, and a sweep waits for the runs that another live sweep holds before it
 reports. A run whose command equals a finished run of another experiment (SG-OPT with the defaults is in several)
 is not run again: its record is copied, naming the source (except in table6, whose timings come from one sweep).
+A run whose training equals such a run's and whose second step differs (Table 4's SG-OPT: Table 1's, then transfer)
+takes that run's checkpoint, while it is still beside its record, and runs only its own second step.
 
 Exit status: 0 when every run of the sweep is finished; 1 when a run failed, was held by another process
 (--no-wait), or has a bad record or lock; 2 for a usage error, ours or a run's (train.py's exit 2, which every run
@@ -104,9 +106,10 @@ EXPERIMENTS = {
        "'last2avg') is 63.69 and the whitening paper's BERT-base whitening (target) 69.21, both in the wmean protocol, "
        "not comparable with this table's all."),
     "table4": Experiment("Table 4: SentEval transfer tasks (the paper's classifier config)", [
-        Variant("mean", ["--pooling", "mean", "--tasks", "transfer", "--transfer-config", "paper"],
+        # --tasks all: the leaderboard's runs of mean and wk, shared (STS costs a minute beside transfer's 30)
+        Variant("mean", ["--pooling", "mean", "--tasks", "all", "--transfer-config", "paper"],
                 {"BERT-base": "85.85"}, evaluate_only=True),
-        Variant("wk", ["--pooling", "wk", "--tasks", "transfer", "--transfer-config", "paper"],
+        Variant("wk", ["--pooling", "wk", "--tasks", "all", "--transfer-config", "paper"],
                 {"BERT-base": "85.83"}, evaluate_only=True),
         Variant("sg-opt", [], {"BERT-base": "86.60"}, then=["--tasks", "transfer", "--transfer-config", "paper"]),
     ], "SentEval's protocol (transfer.py) with the paper's classifier: an MLP of 50 sigmoid units, 10 folds. sg-opt: "
@@ -286,6 +289,17 @@ def find_finished(out, key, stem, paths):
             return path, rec
     return None
 
+def find_trained(out, key, stem):
+    """A finished run of another experiment that trained what this run trains (this key without its second step),
+    its checkpoint still beside its record: (record path, record, out), or None. Only the second step runs then."""
+    model, flags, seed = json.loads(key)
+    first = json.dumps([model, flags[:flags.index("then")], seed])
+    for path in sorted(out.glob(f"*/*/{stem}.json")):
+        rec, _ = read_record(path, [("train", "wall_seconds")])
+        if rec and same_run(rec.get("key"), first) and "same_as" not in rec and path.with_suffix(".safetensors").exists():
+            return path, rec, out
+    return None
+
 # -----------------------------------------------------------------------------
 # one run: its commands, its child processes, its record
 
@@ -430,14 +444,20 @@ def read_result(path):
     return result if isinstance(result, dict) else None
 
 
-def execute(run, key, cmd, then, tag, t_sweep):
-    """Run the run's command (and its second step), write its record; 'ran' or 'failed'. A usage error (exit 2:
-    every run would repeat it) stops the sweep with its line."""
+def execute(run, key, cmd, then, tag, t_sweep, trained=None):
+    """Run the run's command (and its second step), write its record; 'ran' or 'failed'. trained: find_trained's
+    answer, another experiment's run that trained this very model: only the second step runs, on its checkpoint. A usage error (exit 2: every run would repeat it) stops the sweep with its line."""
     log, t0 = run.path(".log"), time.time()
-    print(f"{tag} {run}: {' '.join(shown(cmd))}", flush=True)
+    steps = [(then, run.path(".json", ".then"))] if then else []
+    if trained:
+        then[then.index("--ckpt") + 1] = str(trained[0].with_suffix(".safetensors"))
+        print(f"{tag} {run}: trained as {trained[0]}; on its checkpoint: {' '.join(shown(then))}", flush=True)
+    else:
+        steps.insert(0, (cmd, run.path(".json", ".result")))
+        print(f"{tag} {run}: {' '.join(shown(cmd))}", flush=True)
     log.write_text("")
     results = []
-    for c, part in ((cmd, run.path(".json", ".result")), *([(then, run.path(".json", ".then"))] if then else [])):
+    for c, part in steps:
         with open(log, "a") as f:
             f.write(" ".join(shown(c)) + "\n")
         rc = run_child(c, log)
@@ -449,10 +469,12 @@ def execute(run, key, cmd, then, tag, t_sweep):
             why = f"exit {rc}" if rc else f"no valid result in {part.name}"
             print(f"  {run}: failed ({why}): {last_line(log)} | log: {log}", flush=True)
             return "failed"
-    result, second = results[0], (results[1] if then else {})
+    result = {"sts": trained[1].get("sts"), **(trained[1].get("train") or {})} if trained else results[0]
+    second = results[-1] if then else {}
     rec = {
         "experiment": run.exp, "variant": run.v.name, "seed": run.seed, "key": key, "command": shown(cmd),
         **({"then": shown(then)} if then else {}), "seconds": time.time() - t0, "sts": result.get("sts"),
+        **({"trained_as": trained[0].relative_to(trained[2]).as_posix()} if trained else {}),
         "transfer": second.get("transfer") or result.get("transfer"),
         "train": None if run.v.evaluate_only else {k: result[k] for k in TRAIN_KEYS if k in result}}
     write_json(run.path(".json"), rec)
@@ -502,7 +524,8 @@ def run_one(run, args, extra, text, tag, t_sweep):
             if same:
                 write_json(record, {**same[1], "same_as": same[0].relative_to(args.out).as_posix()})
                 return "copied", same[0]
-            return execute(run, key, cmd, then, tag, t_sweep), run.path(".log")
+            trained = None if exp.fresh or not then else find_trained(Path(args.out), key, run.stem)
+            return execute(run, key, cmd, then, tag, t_sweep, trained), run.path(".log")
     except OutputLocked:
         return "held", f"{lock} (pid {owner(lock)})"
     except LoadError as e:  # the lock path is a folder, or a file we may not open

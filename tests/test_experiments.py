@@ -503,6 +503,26 @@ def test_table4_records_hold_the_transfer_results(fake, capsys):
     assert "| mean | 1 | 80.00 |" in out and "85.85 |" in out
 
 
+def test_a_model_trained_elsewhere_only_takes_its_own_second_step(fake, capsys):
+    experiments.main(["table1", *fake.argv, "--seeds", "1", "2"])
+    (fake.out / "table1/sg-opt/seed-2.safetensors").unlink()  # seed 2's checkpoint is gone: trained again
+    n = len(fake.calls())
+    experiments.main(["table4", *fake.argv, "--seeds", "1", "2"])
+    calls = fake.calls()[n:]
+    trains = [c[1] for c in calls if c[0] == "train.py"]
+    assert len(trains) == 1 and trains[0][trains[0].index("--seed") + 1] == "2"
+    ckpts = [c[1][c[1].index("--ckpt") + 1] for c in calls if "--ckpt" in c[1]]
+    assert ckpts == [str(fake.out / "table1/sg-opt/seed-1.safetensors"), str(fake.out / "table4/sg-opt/seed-2.safetensors")]
+    one, t1 = (json.loads((fake.out / f"{e}/sg-opt/seed-1.json").read_text()) for e in ("table4", "table1"))
+    assert one["trained_as"] == "table1/sg-opt/seed-1.json" and one["train"] == t1["train"] and one["sts"] == t1["sts"]
+    assert one["transfer"]["MR"]["acc"] == 81.0 and one["key"] != t1["key"] and "then" not in json.loads(t1["key"])[1]
+    experiments.main(["leaderboard", *fake.argv, "--seeds", "1"])  # table4's mean and wk are the leaderboard's
+    lb = fake.out / "leaderboard"
+    assert [json.loads((lb / f"{v}/eval.json").read_text()).get("same_as") for v in ("mean", "wk")] == [
+        "table4/mean/eval.json", "table4/wk/eval.json"]
+    assert json.loads((lb / "sg-opt/seed-1.json").read_text())["same_as"] == "table4/sg-opt/seed-1.json"
+
+
 def test_table6_ratios_come_from_the_records_of_one_sweep(fake, capsys):
     record(fake.out / "table1/sg-opt/seed-1.json", **sts_record(1))  # same command elsewhere: not copied here
     experiments.main(["table6", *fake.argv])
