@@ -58,6 +58,7 @@ import bert
 import checkpoint
 import data
 import sg_loss
+import methods
 import train
 import transfer
 import wk
@@ -335,7 +336,7 @@ def make_step_run(impl, path, data_dir=None, batch_size=16, steps=1, device="cpu
              "--batch-size", str(batch_size), "--proj-size", str(proj_size), "--device", device.type,
              "--dropout", "on" if dropout else "off", "--teacher-dropout", "on" if dropout else "off",
              "--max-steps", "1000", *(["--precision", precision] if precision else [])]
-    cfg = train.resolve_config(train.get_args(flags))
+    cfg = methods.resolve_config(train.get_args(flags))
     # steps counted from the end of the warm-up, so the lr is near its peak; the reference follows the same schedule
     first = math.ceil(0.1 * cfg.max_steps)
     counter = itertools.count(first)
@@ -934,7 +935,7 @@ def get_args(argv=None):
     ap = argparse.ArgumentParser(description="Side-by-side benchmarks of sgbert against its references.",
                                  epilog="example: python bench.py --only step,sts --device cpu --json bench.json")
     ap.error = checkpoint.die  # a bad flag is one line
-    a, n = ap.add_argument, train.at_least
+    a, n = ap.add_argument, methods.at_least
     a("--json", help="also write the results to this JSON file")
     a("--only", type=names_of(list(SECTIONS), "section"), default=DEFAULT,
       help=f"comma-separated sections out of {','.join(SECTIONS)} (default: all but epoch)")

@@ -172,7 +172,7 @@ EXPERIMENTS = {
         Variant("sg-opt", [], {"BERT-base": "74.62 +- 0.25"}),
         Variant("consert", ["--loss", "consert"], {"BERT-base": "72.74"}),
         Variant("simcse", ["--loss", "simcse"], {"BERT-base": "76.25"}),
-    ], "Each method with its own recipe (train.py METHODS: tau, batch, max length, lr, pooling, augmentations), "
+    ], "Each method with its own recipe (methods.py: tau, batch, max length, lr, pooling, augmentations), "
        "trained on the STS-B sentences; the paper figures are each method's own paper (ConSERT's trained on STS+SICK "
        "text for 10 epochs; SimCSE's on 10^6 Wikipedia sentences)."),
     "leaderboard": Experiment("Every method and baseline on one harness: STS, transfer and cost", [
@@ -189,7 +189,7 @@ EXPERIMENTS = {
         Variant("promptbert", ["--loss", "promptbert"], {OWN: "78.54 +- 0.15"}, then=TRANSFER_PAPER),
         # ours: self-guidance on the pooling the model was trained with (c_i = BERT_T's mean-pooled last layer)
         Variant("sg-opt-mean", ["--pooling", "mean", "--eval-pooling", "mean"], then=TRANSFER_PAPER),
-    ], "Each method with its own recipe (train.py METHODS) for one epoch of the 17,256 STS-B sentences: the common "
+    ], "Each method with its own recipe (methods.py) for one epoch of the 17,256 STS-B sentences: the common "
        "budget is the data, not the steps (1,079 steps of 16 for the SG family, 270 of 64 for SimCSE, 180 of 96 for "
        "ConSERT, 68 of 256 for PromptBERT, 269 of 64 for the flow). Transfer: the 7 SentEval tasks, the paper's "
        "classifier, on the first seed's run of each method. The paper figures are each method's own paper on "

@@ -10,7 +10,7 @@ divergence is a flag (see the README's "faithful to the code or to the paper" ta
 (yym6472/ConSERT). SimCSE: Gao et al., EMNLP 2021 (princeton-nlp/SimCSE). PromptBERT: Jiang et al., EMNLP 2022
 (kongds/Prompt-BERT; the templates and the denoising are in prompt.py).
 
-A method (METHODS) is which encoder makes each side of the contrast, from what input, pooled how, and which loss.
+A method (methods.py) is which encoder makes each side of the contrast, from what input, pooled how, and which loss.
 SG-OPT: side 1 is c_i, BERT_T's last-layer [CLS]; side 2 the views h_ik of a frozen BERT_F, pooled from every hidden
 state k; one projection head f maps both. ConSERT and SimCSE: both sides are BERT_T, twice, with two augmentations or
 two dropout masks; PromptBERT: BERT_T's [MASK] vectors of the sentence inside two different templates. One step is the
@@ -41,7 +41,6 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -53,64 +52,17 @@ import bert
 import checkpoint
 import data
 import evaluate
+import methods
 import posthoc
 import prompt
 import sg_loss
 from checkpoint import die
+from methods import at_least, seed_value
 
 # -----------------------------------------------------------------------------
 # the methods
 
 
-@dataclass(frozen=True)
-class Method:
-    """Which encoder makes side 2 of the contrast, how BERT_T's output becomes its sentence vector in training and
-    at evaluation, which head maps both sides, which loss, and the flag defaults of the method's own recipe."""
-    side2: str  # "BERT_F": the layer views h_ik of the frozen copy; "BERT_T": a second pass of BERT_T
-    loss: Callable  # loss(z1, z2, tau, rows); z2 is (b, L, p) for "opt", else (b, p)
-    one_view: bool = False  # SG / OPT1 / OPT2: one view per sentence, its layer sampled uniformly
-    head: str = "proj"  # "proj": the paper's f (4096 wide); "mlp": SimCSE's Linear + Tanh; "none"
-    pooling: str = "cls"  # BERT_T's sentence vector during training
-    eval_pooling: str = "cls"  # ... at evaluation, recorded in the checkpoint
-    recipe: dict = field(default_factory=dict)
-    ignores: tuple = ()  # flags that mean nothing for this method: refused when given
-    why: str = ""  # ... and why, for the one-line refusal
-
-
-SG_ONLY = ("lam", "view_pooling", "teacher_dropout", "layers")  # flags that mean something for side 2 = BERT_F only
-CONTRASTIVE = (*SG_ONLY, "tau", "aug1", "aug2", "no_proj", "proj_size", "eval_every", "patience", "early_stop",
-               "overfit_batch", "eval_pooling")  # ... for any contrastive method
-GRADIENT = ("lr", "weight_decay", "batch_size", "epochs", "dropout")  # ... for any method with gradient steps
-TWO_PASSES = "its side 2 is a second pass of BERT_T, not BERT_F's views"
-METHODS = {
-    "opt": Method("BERT_F", sg_loss.sg_opt),
-    "sg": Method("BERT_F", sg_loss.nt_xent, one_view=True),
-    "opt1": Method("BERT_F", sg_loss.opt1, one_view=True),
-    "opt2": Method("BERT_F", sg_loss.opt2, one_view=True),
-    # ConSERT's unsupervised recipe (scripts/unsup-consert-base.sh): NT-Xent over the 2b views, no head
-    "consert": Method("BERT_T", sg_loss.nt_xent, head="none", pooling="mean", eval_pooling="last2", recipe=dict(
-        tau=0.1, batch_size=96, max_len=64, lr=5e-7, dropout="off", aug1="feature-cutoff:0.2", aug2="shuffle"),
-        ignores=SG_ONLY, why=TWO_PASSES),
-    # SimCSE's unsupervised recipe: InfoNCE of view 1 against view 2 (gradients through both), MLP over [CLS] in
-    # training, the raw [CLS] at evaluation
-    "simcse": Method("BERT_T", sg_loss.opt2, head="mlp", recipe=dict(tau=0.05, batch_size=64, max_len=32, lr=3e-5),
-                     ignores=SG_ONLY, why=TWO_PASSES),
-    # PromptBERT's unsupervised BERT recipe (run.sh unsup-bert): side 1 and side 2 are BERT_T's [MASK] vectors of the
-    # sentence inside two different templates, each less its template's own (denoising, prompt.py); InfoNCE as
-    # SimCSE's, MLP in training only. Evaluated with the first template, not denoised. max_len: the sentence's tokens
-    "promptbert": Method("BERT_T", sg_loss.opt2, head="mlp", pooling="prompt", eval_pooling="prompt", recipe=dict(
-        tau=0.05, batch_size=256, max_len=32, lr=1e-5, template=prompt.TRAIN_TEMPLATES[0],
-        template2=prompt.TRAIN_TEMPLATES[1]), ignores=(*SG_ONLY, "aug1", "aug2", "pooling", "eval_pooling"),
-        why="its two sides are BERT_T's [MASK] vectors in two templates: no BERT_F, no augmentation, no other pooling"),
-    # the paper's post-hoc baselines (posthoc.py; fit_posthoc below): BERT is not trained, a map of its first-last
-    # vectors is fitted. Flow: bohanli/BERT-flow's defaults (batch 64 sentences, AdamW 1e-3, BERT's dropout on)
-    "whitening": Method("none", None, head="none", pooling="first-last", eval_pooling="first-last",
-                        ignores=CONTRASTIVE + GRADIENT, why="a closed-form fit: no contrast, no gradient steps"),
-    "flow": Method("none", None, head="none", pooling="first-last", eval_pooling="first-last",
-                   recipe=dict(lr=1e-3, batch_size=64), ignores=CONTRASTIVE, why="a flow fitted by likelihood: no contrast"),
-}
-DEFAULTS = dict(tau=0.01, lr=5e-5, batch_size=16, max_len=128, dropout="on", aug1="none", aug2="none")  # SG-OPT's
-OWN_FLAGS = {"whiten_dim": "whitening", "template": "promptbert", "template2": "promptbert"}  # one method's settings
 
 # -----------------------------------------------------------------------------
 # one training step
@@ -120,7 +72,7 @@ OWN_FLAGS = {"whiten_dim": "whitening", "template": "promptbert", "template2": "
 class Run:
     """What a training run holds, built once by build_run(): everything the step and the loop read."""
     cfg: argparse.Namespace  # the resolved config: every flag, the method's recipe applied (saved as 'args')
-    method: Method
+    method: methods.Method
     bert_F: torch.nn.Module  # the frozen copy: the views h_ik, and the base weights of the regulariser
     bert_T: torch.nn.Module  # the copy being trained; a DDP wrapper of it on several processes (raw() unwraps)
     head: torch.nn.Module  # f (DDP-wrapped on several processes when it has weights)
@@ -534,7 +486,7 @@ def setup(cfg, device, rank=0, world=1):
 
 def build_run(cfg, bert_F, tokenizer, examples, data_dir, device, rank=0, world=1):
     """BERT_F (frozen), BERT_T (a trained copy), the head f, the optimizer; DDP wrappers on several processes."""
-    method, H = METHODS[cfg.loss], bert_F.config.hidden_size
+    method, H = methods.METHODS[cfg.loss], bert_F.config.hidden_size
     layers = view_layers(cfg.layers, bert_F.config.num_hidden_layers + 1)
     torch.manual_seed(cfg.seed)
     # BERT_F: frozen, never in the autograd graph; BERT_T: a copy whose embedding block is frozen
@@ -579,7 +531,7 @@ def build_run(cfg, bert_F, tokenizer, examples, data_dir, device, rank=0, world=
 
 def view_layers(spec, n_hidden):
     """Indices of the BERT_F hidden states (0 = embeddings .. l = last layer) that give views, from 'A:B'."""
-    layers = list(range(n_hidden))[layer_slice(spec)]
+    layers = list(range(n_hidden))[methods.layer_slice(spec)]
     if not layers:
         die(f"--layers {spec}: selects none of the {n_hidden} hidden states 0..{n_hidden - 1}")
     return layers
@@ -628,12 +580,12 @@ def init_distributed(cfg):
 
 
 def main(argv=None):
-    cfg = resolve_config(get_args(argv))
+    cfg = methods.resolve_config(get_args(argv))
     check_config(cfg)
     rank, world, device = init_distributed(cfg)
     print(f"sgbert {git_sha()} | device {device}" + (f" x {world} processes" if world > 1 else "") + " | "
           + " ".join(f"{k}={v}" for k, v in vars(cfg).items()))
-    if METHODS[cfg.loss].side2 == "none" and not cfg.eval_only:
+    if methods.METHODS[cfg.loss].side2 == "none" and not cfg.eval_only:
         if world > 1:
             die(f"--loss {cfg.loss} is fitted in one process: run it with python, not torchrun")
         return fit_posthoc(cfg, device)
@@ -661,65 +613,6 @@ def main(argv=None):
 # the command line
 
 
-def at_least(low, kind=int, why=""):
-    """An argparse type: a number of `kind` >= low (finite), else argparse's one-line error."""
-    def parse(s):
-        try:
-            v = kind(s)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{s!r} is not {'an integer' if kind is int else 'a number'}") from None
-        if not (math.isfinite(v) and v >= low):
-            rule = f"must be at least {low}" if kind is int else f"must be a finite number >= {low}"
-            raise argparse.ArgumentTypeError(f"{s}: {rule}" + (f" ({why})" if why else ""))
-        return v
-    return parse
-
-
-def positive(s):
-    v = at_least(0.0, float)(s)
-    if v == 0:
-        raise argparse.ArgumentTypeError(f"{s}: must be a finite number > 0")
-    return v
-
-
-def seed_value(s):
-    v = at_least(0)(s)
-    if v >= 2 ** 63:
-        raise argparse.ArgumentTypeError(f"{s}: must be in 0 .. 2^63 - 1")
-    return v
-
-
-def layer_slice(spec):
-    """'A:B' or 'A:B:C' -> slice over the hidden states; a bare number is refused (':5' and '5:6' say what they mean)."""
-    parts = spec.split(":")
-    try:
-        if not 2 <= len(parts) <= 3:
-            raise ValueError
-        s = slice(*[int(x) if x.strip() else None for x in parts])
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{spec}: expected a slice A:B such as 0:7, 1: or : (one layer k: k:k+1)") from None
-    if s.step == 0:
-        raise argparse.ArgumentTypeError(f"{spec}: the slice step must not be 0")
-    return s
-
-
-def layers_flag(spec):
-    layer_slice(spec)
-    return spec  # kept as written: it is saved in the checkpoint's config
-
-
-def checked(validate):
-    """An argparse type: the value as written, once validate(value) has raised no ValueError (else its message)."""
-    def parse(s):
-        try:
-            validate(s)
-        except ValueError as e:
-            raise argparse.ArgumentTypeError(str(e)) from None
-        return s
-    return parse
-
-
-template_flag, augmentation = checked(prompt.split), checked(augment.parse)  # --template(2), --aug1 / --aug2
 
 
 def get_args(argv=None):
@@ -727,7 +620,7 @@ def get_args(argv=None):
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="example: python train.py --model bert-base-uncased --loss opt --out sg.safetensors")
     p.error = die  # a bad flag is one line too (argparse would print the whole usage first)
-    add_method_flags(p.add_argument)
+    methods.add_method_flags(p.add_argument)
     add_run_flags(p.add_argument)
     args = p.parse_args(argv)
     args.given = given_flags(p, argv)
@@ -740,53 +633,6 @@ def given_flags(parser, argv):
     for action in bare._actions:
         action.default = argparse.SUPPRESS
     return sorted(vars(bare.parse_args(argv)))
-
-
-def add_method_flags(a):
-    """The method and its hyperparameters; (method) marks a default taken from the method's own recipe."""
-    a("--model", default="bert-base-uncased", help="base model: a folder, our .safetensors, or a name in weights/<name>/ "
-      "(default: %(default)s)")
-    a("--loss", default="opt", choices=list(METHODS),
-      help="opt: SG-OPT over all b x (l+1) views (default); sg: NT-Xent; opt1/opt2: the paper's ablations (sg/opt1/opt2 "
-           "use one view per sentence, its layer sampled uniformly); consert, simcse, promptbert: the other systems, "
-           "each with its own recipe's defaults for the flags marked (method); whitening, flow: the paper's post-hoc "
-           "baselines (BERT untouched, a map of its first-last vectors fitted on --data)")
-    a("--tau", type=positive, help="temperature of the contrastive loss (method: 0.01 SG, 0.1 ConSERT, 0.05 SimCSE and "
-      "PromptBERT)")
-    a("--lam", type=at_least(0.0, float), default=0.1, help="weight of the regulariser ||BERT_T - BERT_F||^2 (SG family; "
-      "default: %(default)s)")
-    a("--lr", type=at_least(0.0, float), help="peak learning rate of AdamW (method: 5e-5 SG, 5e-7 ConSERT, 3e-5 "
-      "SimCSE, 1e-5 PromptBERT)")
-    a("--weight-decay", type=at_least(0.0, float), default=0.01,
-      help="AdamW weight decay on weights (not biases, not LayerNorm). code: 0.01 (default), paper: not stated")
-    a("--batch-size", type=at_least(2, why="the other sentences of the batch are the negatives"),
-      help="sentences per step (b); the other b-1 sentences are the negatives (method: 16 SG, 96 ConSERT, 64 SimCSE, "
-      "256 PromptBERT)")
-    a("--max-len", type=at_least(3, why="room for [CLS], one token and [SEP]"), help="tokens per sentence, [CLS]/[SEP] "
-      "included; longer ones are truncated (method: 128 SG, 64 ConSERT, 32 SimCSE; PromptBERT: 32 tokens of the "
-      "sentence alone, the template's come on top)")
-    a("--dropout", choices=["on", "off"], help="BERT_T's own dropout in training; flow: BERT's dropout while it makes "
-      "the vectors the flow is fitted on, as the BERT-flow code (method: off for ConSERT, else on)")
-    a("--aug1", type=augmentation, help="augmentation of side 1's input (augment.py: none, shuffle, token-cutoff:R, "
-      "feature-cutoff:R, dropout:R; method: feature-cutoff:0.2 ConSERT, else none)")
-    a("--aug2", type=augmentation, help="augmentation of side 2's input (method: shuffle ConSERT, else none)")
-    a("--pooling", choices=bert.POOLINGS, help="BERT_T's sentence vector in training (method: mean ConSERT, first-last "
-      "whitening and flow (their codes' 'last2avg': layers 1 and l), else cls)")
-    a("--eval-pooling", choices=bert.POOLINGS, help="the sentence vector at evaluation, recorded in the checkpoint "
-      "(method: last2 ConSERT, else cls)")
-    a("--view-pooling", default="mean", choices=["mean", "max"],
-      help="how a layer of BERT_F is pooled into a view h_ik. code: mean (default), paper: max")
-    a("--teacher-dropout", default="on", choices=["on", "off"],
-      help="dropout in BERT_F while it makes the views. code: on (default; it stays in train mode), paper: not stated")
-    a("--layers", default=":", type=layers_flag,
-      help="which BERT_F hidden states give views, as a Python slice A:B over 0..l (default: all)")
-    a("--no-proj", action="store_true", help="ablation: no projection head f (the loss sees BERT vectors directly)")
-    a("--proj-size", type=at_least(1), default=4096, help="width of the projection head f (default: %(default)s)")
-    a("--whiten-dim", type=at_least(1), help="whitening: keep the first K dimensions (default: all H)")
-    a("--template", type=template_flag, help="promptbert: side 1's template, also the one evaluated and recorded in "
-      "the checkpoint: one [X] (the sentence) and one [MASK] (whose vector is the sentence's) (method: "
-      f"'{prompt.TRAIN_TEMPLATES[0]}')")
-    a("--template2", type=template_flag, help=f"promptbert: side 2's template (method: '{prompt.TRAIN_TEMPLATES[1]}')")
 
 
 def add_run_flags(a):
@@ -819,23 +665,6 @@ def add_run_flags(a):
     a("--log-every", type=at_least(1), default=10, help="one log line every N steps (default: %(default)s)")
     a("--overfit-batch", action="store_true", help="sanity check: train on the first batch over and over (loss must fall)")
     a("--eval-batch-size", type=at_least(1), default=128, help="batch size of the dev-set encoding (default: %(default)s)")
-
-
-def resolve_config(args):
-    """The run's config, resolved once: the method's recipe for every flag not given, the precision for the device."""
-    m = METHODS[args.loss]
-    cfg = argparse.Namespace(**{k: v for k, v in vars(args).items() if k != "given"})
-    for k, v in {**DEFAULTS, "pooling": m.pooling, "eval_pooling": m.eval_pooling, **m.recipe}.items():
-        if getattr(cfg, k) is None:  # the method's recipe, unless a flag says otherwise
-            setattr(cfg, k, v)
-    cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
-    cfg.precision = cfg.precision or ("bf16" if cuda else "fp32")
-    given = [k for k in m.ignores if k in args.given]
-    given += [k for k, owner in OWN_FLAGS.items() if k in args.given and owner != args.loss]
-    if given:
-        why = m.why if given[0] in m.ignores else f"it is a setting of --loss {OWN_FLAGS[given[0]]}"
-        die(f"--{given[0].replace('_', '-')} means nothing for --loss {args.loss} ({why}): drop it")
-    return cfg
 
 
 def check_config(cfg):

@@ -12,6 +12,7 @@ import bert
 import checkpoint
 import evaluate
 import export
+import methods
 import prompt
 import train
 from conftest import save_model, tiny_model_folder
@@ -108,7 +109,7 @@ def test_denoising_is_the_template_alone_at_shifted_positions(tiny):
 
 
 def test_one_promptbert_step_is_infonce_over_the_two_denoised_templates(tiny, tmp_path, monkeypatch):
-    cfg = train.resolve_config(train.get_args(["--loss", "promptbert", "--model", str(tiny), "--batch-size", "4",
+    cfg = methods.resolve_config(train.get_args(["--loss", "promptbert", "--model", str(tiny), "--batch-size", "4",
                                                "--dropout", "off", "--lr", "1e-3", "--max-steps", "10", "--device",
                                                "cpu", "--out", str(tmp_path / "p.safetensors")]))
     assert (cfg.tau, cfg.lr, cfg.max_len, cfg.template, cfg.template2, cfg.eval_pooling) == (0.05, 1e-3, 32, T1, T2,

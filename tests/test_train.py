@@ -13,6 +13,7 @@ import bert
 import checkpoint
 import data
 import evaluate
+import methods
 import sg_loss
 import train
 from conftest import tiny_model_folder
@@ -135,7 +136,7 @@ def crash_after(monkeypatch, n, exc):
             raise exc
         return real(*a, **kw)
 
-    monkeypatch.setitem(train.METHODS, "opt", dataclasses.replace(train.METHODS["opt"], loss=loss))
+    monkeypatch.setitem(methods.METHODS, "opt", dataclasses.replace(methods.METHODS["opt"], loss=loss))
 
 
 def best_state(world):
@@ -352,16 +353,6 @@ def test_consert_and_simcse_train_and_record_their_pooling(world, loss, pooling,
     assert evaluate.stsb_spearman(evaluate.sentence_vectors(m, tok, pooling), world["data"], "dev") == pytest.approx(result["dev"])
     base = bert.Bert.from_pretrained(world["model"]).state_dict()
     assert any(not torch.equal(v, base[k]) for k, v in trained.items()), "nothing trained"
-
-
-def test_method_recipes_are_defaults_that_flags_override():
-    a = train.resolve_config(train.get_args(["--loss", "consert"]))
-    assert (a.tau, a.batch_size, a.max_len, a.lr, a.dropout, a.aug1, a.aug2, a.pooling, a.eval_pooling) == \
-        (0.1, 96, 64, 5e-7, "off", "feature-cutoff:0.2", "shuffle", "mean", "last2")
-    a = train.resolve_config(train.get_args(["--loss", "simcse", "--tau", "0.1", "--batch-size", "8"]))
-    assert (a.tau, a.batch_size, a.max_len, a.lr, a.pooling) == (0.1, 8, 32, 3e-5, "cls")
-    a = train.resolve_config(train.get_args([]))
-    assert (a.tau, a.batch_size, a.max_len, a.lr, a.aug1, a.eval_pooling) == (0.01, 16, 128, 5e-5, "none", "cls")
 
 
 def test_twin_methods_contrast_two_passes_of_bert_T(world, monkeypatch):

@@ -1,0 +1,53 @@
+"""methods.py: the methods table and its flags. Each method's recipe is the default of the flags not given, and every
+flag the table says a method ignores is refused in one line naming it, while every other flag is taken."""
+import pytest
+
+import methods
+import train
+
+VALUES = {  # one valid value of every method flag (None: a switch)
+    "lam": "0.2", "view_pooling": "max", "teacher_dropout": "off", "layers": "1:", "tau": "0.2", "aug1": "shuffle",
+    "aug2": "shuffle", "no_proj": None, "proj_size": "8", "eval_every": "5", "patience": "3", "early_stop": "best",
+    "overfit_batch": None, "eval_pooling": "mean", "lr": "1e-3", "weight_decay": "0.1", "batch_size": "8",
+    "epochs": "2", "dropout": "off", "pooling": "mean", "whiten_dim": "4", "template": 'A "[X]" is [MASK] .',
+    "template2": 'B "[X]" is [MASK] .'}
+
+
+def argv(loss, name):
+    flag = "--" + name.replace("_", "-")
+    return ["--loss", loss, flag] + ([] if VALUES[name] is None else [VALUES[name]])
+
+
+def test_method_recipes_are_defaults_that_flags_override():
+    a = methods.resolve_config(train.get_args(["--loss", "consert"]))
+    assert (a.tau, a.batch_size, a.max_len, a.lr, a.dropout, a.aug1, a.aug2, a.pooling, a.eval_pooling) == \
+        (0.1, 96, 64, 5e-7, "off", "feature-cutoff:0.2", "shuffle", "mean", "last2")
+    a = methods.resolve_config(train.get_args(["--loss", "simcse", "--tau", "0.1", "--batch-size", "8"]))
+    assert (a.tau, a.batch_size, a.max_len, a.lr, a.pooling) == (0.1, 8, 32, 3e-5, "cls")
+    a = methods.resolve_config(train.get_args([]))
+    assert (a.tau, a.batch_size, a.max_len, a.lr, a.aug1, a.eval_pooling) == (0.01, 16, 128, 5e-5, "none", "cls")
+    a = methods.resolve_config(train.get_args(["--loss", "promptbert"]))
+    assert (a.batch_size, a.lr, a.template, a.pooling) == (256, 1e-5, methods.prompt.TRAIN_TEMPLATES[0], "prompt")
+
+
+@pytest.mark.parametrize("loss", list(methods.METHODS))
+def test_every_recipe_key_is_a_flag_and_every_flag_not_ignored_is_taken(loss):
+    m, flags = methods.METHODS[loss], vars(train.get_args([]))
+    assert set(m.recipe) <= set(flags) and set(m.ignores) <= set(VALUES)
+    for name in sorted(set(VALUES) - set(m.ignores)):
+        if methods.OWN_FLAGS.get(name, loss) != loss:
+            continue  # another method's own setting: refused below
+        cfg = methods.resolve_config(train.get_args(argv(loss, name)))
+        assert getattr(cfg, name) == (True if VALUES[name] is None else type(getattr(cfg, name))(VALUES[name]))
+
+
+@pytest.mark.parametrize("loss", list(methods.METHODS))
+def test_every_flag_a_method_ignores_is_refused_in_one_line(loss, capsys):
+    m = methods.METHODS[loss]
+    refused = [*m.ignores, *(k for k, owner in methods.OWN_FLAGS.items() if owner != loss)]
+    for name in refused:
+        with pytest.raises(SystemExit) as e:
+            methods.resolve_config(train.get_args(argv(loss, name)))
+        err = capsys.readouterr().err.strip()
+        assert e.value.code == 2 and len(err.splitlines()) == 1
+        assert f"--{name.replace('_', '-')} means nothing for --loss {loss}" in err and err.endswith("drop it")
