@@ -14,8 +14,10 @@ unify_sentence) where it differs from the paper (the README's code-vs-paper tabl
   1 / (that * columns * 2); novelty |R[-1, -1]| / ||R[:, -1]||; each normalised over layers, added, renormalised;
 - token weight: the population variance of the cosines between consecutive layers, normalised over the sentence.
 
-The per-sentence, per-token, per-layer loops of the code become one batched torch.linalg.qr per window size over
-every (token, layer) of the batch, in float64 (as the code's numpy), on the device of the hidden states.
+The per-sentence, per-token, per-layer loops of the code become batched tensor operations over every (token, layer)
+of the batch, in float64 (as the code's numpy), on the device of the hidden states: each token's S x S Gram matrix
+over its layers, and each window's R as the Cholesky factor of a block of it (layer_weights says why that is the R of
+the code's QR).
 """
 import torch
 
@@ -31,24 +33,34 @@ def context(k, n_layers, window):
 
 
 def layer_weights(x, window):
-    """x (N, S, d) float64: N tokens' representations in S layers -> their layer weights (N, S), summing to 1."""
+    """x (N, S, d) float64: N tokens' representations in S layers -> their layer weights (N, S), summing to 1.
+
+    All the code reads from a window A (d x c, the centre last) is the R of its QR, and R is also the Cholesky factor
+    of the window's Gram matrix A^T A = R^T R, up to the sign of each row, which neither score depends on (flipping
+    row i flips unit[i] and r[i] together). So one S x S Gram matrix per token holds every window of that token: each
+    window's R comes from a c x c block of it, without gathering or factoring the d-wide windows (a window whose
+    vectors are linearly dependent, where Cholesky fails, takes the QR of its vectors, as the code)."""
     N, S, _ = x.shape
+    gram = x @ x.transpose(1, 2)  # (N, S, S)
     align, novelty = x.new_zeros(N, S), x.new_zeros(N, S)
     groups = {}
-    for k in range(S):  # layers whose windows have the same number of columns share one batched QR
+    for k in range(S):  # layers whose windows have the same number of columns are factored together
         idx = context(k, S, window)
         groups.setdefault(len(idx), []).append((k, idx))
     for c, members in groups.items():
-        ks = [k for k, _ in members]
-        win = x[:, [i for _, idx in members for i in idx]].view(N, len(ks), c, -1)  # (N, layers, c, d)
-        R = torch.linalg.qr(win.transpose(-1, -2), mode="r").R  # (N, layers, c, c); QR of the d x c window
+        ks, idx = [k for k, _ in members], torch.tensor([i for _, i in members], device=x.device)  # (layers, c)
+        chol, info = torch.linalg.cholesky_ex(gram[:, idx[:, :, None], idx[:, None, :]])  # (N, layers, c, c)
+        R = chol.transpose(-1, -2)
+        n, j = (info != 0).nonzero(as_tuple=True)
+        if len(n):  # rank-deficient windows: the QR of their d x c vectors
+            R[n, j] = torch.linalg.qr(x[n[:, None], idx[j]].transpose(-1, -2), mode="r").R
         r = R[..., :-1, -1]  # the centre vector's coordinates in the context's basis
         unit = R[..., :-1, :-1] / R[..., :-1, :-1].norm(dim=-2, keepdim=True)  # context columns, unit length
         beta = (unit.mean(-1) * r).sum(-1) / r.norm(dim=-1)
         align[:, ks] = 1 / (beta * c * 2)
         novelty[:, ks] = R[..., -1, -1].abs() / R[..., :, -1].norm(dim=-1)
     alpha = align / align.sum(1, keepdim=True) + novelty / novelty.sum(1, keepdim=True)
-    return alpha / alpha.sum(1, keepdim=True)
+    return alpha / alpha.sum(1, keepdim=True), gram
 
 
 def wk_pool(hidden_states, attention_mask, layer_start, window=2):
@@ -61,15 +73,16 @@ def wk_pool(hidden_states, attention_mask, layer_start, window=2):
     S = L + 1 - layer_start
     if not 1 <= window < S:  # window >= S: the code's slices leave some layer no context at all (its NaN)
         raise ValueError(f"WK window {window}: give 1..{S - 1} for the {S} hidden states {layer_start}..{L}")
-    hs = torch.stack(hidden_states[layer_start:], 2).double()  # (B, T, S, d)
-    lengths = attention_mask.sum(1)
-    used = torch.arange(hs.shape[1], device=hs.device)[None] < (lengths - 1)[:, None]  # drop the final [SEP]
-    x = hs[used]  # (N, S, d): every used token of the batch
-    sent = torch.arange(hs.shape[0], device=hs.device)[:, None].expand_as(used)[used]  # (N,) its sentence
-    tokens = (layer_weights(x, window)[..., None] * x).sum(1)  # (N, d) unified token vectors
+    B, T, d = hidden_states[-1].shape
+    used = torch.arange(T, device=attention_mask.device)[None] < (attention_mask.sum(1) - 1)[:, None]  # no final [SEP]
+    x = torch.stack([h[used] for h in hidden_states[layer_start:]], 1).double()  # (N, S, d): every used token
+    sent = torch.arange(B, device=used.device)[:, None].expand_as(used)[used]  # (N,) its sentence
+    alpha, gram = layer_weights(x, window)
+    tokens = torch.einsum("ns,nsd->nd", alpha, x)  # (N, d) unified token vectors
     # token weight: the variance (population) of the cosines between consecutive layers, normalised per sentence
-    var = torch.nn.functional.cosine_similarity(x[:, :-1], x[:, 1:], dim=-1).var(1, unbiased=False)
-    total = torch.zeros(hs.shape[0], dtype=x.dtype, device=x.device).index_add_(0, sent, var)
-    out = torch.zeros(hs.shape[0], hs.shape[-1], dtype=x.dtype, device=x.device)
+    norms, near = gram.diagonal(dim1=1, dim2=2).sqrt(), gram.diagonal(offset=1, dim1=1, dim2=2)  # (N, S), (N, S-1)
+    var = (near / (norms[:, :-1] * norms[:, 1:])).var(1, unbiased=False)
+    total = torch.zeros(B, dtype=x.dtype, device=x.device).index_add_(0, sent, var)
+    out = torch.zeros(B, d, dtype=x.dtype, device=x.device)
     out.index_add_(0, sent, (var / total[sent])[:, None] * tokens)
     return out.to(hidden_states[-1].dtype)

@@ -36,6 +36,21 @@ def test_batched_equals_the_code_loop_on_tiny_bert(tiny, layer_start, window):
     np.testing.assert_allclose(got, reference_wk(hs, mask, layer_start, window), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("scale", [1e-2, 1e-4, 1e-6, 0])
+def test_nearly_dependent_layers_equal_the_code_loop(tiny, scale):
+    """Hidden state 3 = hidden state 2 plus a small change: windows holding both are ill-conditioned, where a
+    Cholesky factor of the Gram matrix could lose what the code's QR keeps; at 0 some windows are singular (Cholesky
+    fails, and wk.py factors them by QR)."""
+    hs, mask = hidden(*tiny, SENTENCES)
+    near = hs[2] + scale * torch.randn(hs[2].shape, generator=torch.Generator().manual_seed(0)) * hs[2].norm(dim=-1, keepdim=True)
+    hs = (*hs[:3], near.float(), *hs[4:])
+    got = wk.wk_pool(hs, mask, 0, 2).numpy()
+    if scale == 0:  # equal hidden states: rank-deficient windows, whose scores are rounding noise in the code too
+        assert np.isfinite(got).all()
+    else:
+        np.testing.assert_allclose(got, reference_wk(hs, mask, 0, 2), rtol=1e-5, atol=1e-5)
+
+
 def test_context_follows_python_slices():
     assert wk.context(0, 9, 2) == [1, 2, 0] and wk.context(1, 9, 2) == [2, 3, 1]  # left side empty, not truncated
     assert wk.context(2, 9, 2) == [0, 1, 3, 4, 2] and wk.context(8, 9, 2) == [6, 7, 8]
