@@ -60,11 +60,6 @@ from checkpoint import die
 from methods import at_least, seed_value
 
 # -----------------------------------------------------------------------------
-# the methods
-
-
-
-# -----------------------------------------------------------------------------
 # one training step
 
 
@@ -611,8 +606,6 @@ def main(argv=None):
 
 # -----------------------------------------------------------------------------
 # the command line
-
-
 
 
 def get_args(argv=None):
