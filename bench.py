@@ -57,8 +57,8 @@ import torch.nn.functional as F
 import bert
 import checkpoint
 import data
-import sg_loss
 import methods
+import sg_loss
 import train
 import transfer
 import wk

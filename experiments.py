@@ -280,25 +280,24 @@ def same_run(a, b):
         return False
 
 
-def find_finished(out, key, stem, paths):
+def find_finished(out, key, stem, paths, checkpoint=False):
     """A finished valid run with the same key anywhere under out (another experiment's), or None. Records that are
-    not valid are passed over here (their own experiment's report names them)."""
+    not valid are passed over here (their own experiment's report names them). checkpoint: only a run whose
+    checkpoint is still beside its record."""
     for path in sorted(out.glob(f"*/*/{stem}.json")):
         rec, _ = read_record(path, paths)
-        if rec and same_run(rec.get("key"), key) and "same_as" not in rec:
+        if rec and same_run(rec.get("key"), key) and "same_as" not in rec and (
+                not checkpoint or path.with_suffix(".safetensors").exists()):
             return path, rec
     return None
 
+
 def find_trained(out, key, stem):
     """A finished run of another experiment that trained what this run trains (this key without its second step),
-    its checkpoint still beside its record: (record path, record, out), or None. Only the second step runs then."""
+    its checkpoint still beside its record: (record path, record), or None. Only the second step runs then."""
     model, flags, seed = json.loads(key)
     first = json.dumps([model, flags[:flags.index("then")], seed])
-    for path in sorted(out.glob(f"*/*/{stem}.json")):
-        rec, _ = read_record(path, [("train", "wall_seconds")])
-        if rec and same_run(rec.get("key"), first) and "same_as" not in rec and path.with_suffix(".safetensors").exists():
-            return path, rec, out
-    return None
+    return find_finished(out, first, stem, [("train", "wall_seconds")], checkpoint=True)
 
 # -----------------------------------------------------------------------------
 # one run: its commands, its child processes, its record
@@ -446,11 +445,14 @@ def read_result(path):
 
 def execute(run, key, cmd, then, tag, t_sweep, trained=None):
     """Run the run's command (and its second step), write its record; 'ran' or 'failed'. trained: find_trained's
-    answer, another experiment's run that trained this very model: only the second step runs, on its checkpoint. A usage error (exit 2: every run would repeat it) stops the sweep with its line."""
+    answer, another experiment's run that trained this very model: only the second step runs, on its checkpoint.
+    A usage error (exit 2: every run would repeat it) stops the sweep with its line."""
     log, t0 = run.path(".log"), time.time()
+    if trained:
+        i = then.index("--ckpt") + 1
+        then = [*then[:i], str(trained[0].with_suffix(".safetensors")), *then[i + 1:]]
     steps = [(then, run.path(".json", ".then"))] if then else []
     if trained:
-        then[then.index("--ckpt") + 1] = str(trained[0].with_suffix(".safetensors"))
         print(f"{tag} {run}: trained as {trained[0]}; on its checkpoint: {' '.join(shown(then))}", flush=True)
     else:
         steps.insert(0, (cmd, run.path(".json", ".result")))
@@ -474,7 +476,7 @@ def execute(run, key, cmd, then, tag, t_sweep, trained=None):
     rec = {
         "experiment": run.exp, "variant": run.v.name, "seed": run.seed, "key": key, "command": shown(cmd),
         **({"then": shown(then)} if then else {}), "seconds": time.time() - t0, "sts": result.get("sts"),
-        **({"trained_as": trained[0].relative_to(trained[2]).as_posix()} if trained else {}),
+        **({"trained_as": trained[0].relative_to(run.folder.parents[1]).as_posix()} if trained else {}),  # in out
         "transfer": second.get("transfer") or result.get("transfer"),
         "train": None if run.v.evaluate_only else {k: result[k] for k in TRAIN_KEYS if k in result}}
     write_json(run.path(".json"), rec)

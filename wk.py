@@ -32,8 +32,9 @@ def context(k, n_layers, window):
     return [*range(n_layers)[k - window:k], *range(n_layers)[k + 1:k + window + 1], k]
 
 
-def layer_weights(x, window):
-    """x (N, S, d) float64: N tokens' representations in S layers -> their layer weights (N, S), summing to 1.
+def layer_weights(x, gram, window):
+    """x (N, S, d) float64: N tokens' representations in S layers, gram (N, S, S) = x x^T -> their layer weights
+    (N, S), summing to 1.
 
     All the code reads from a window A (d x c, the centre last) is the R of its QR, and R is also the Cholesky factor
     of the window's Gram matrix A^T A = R^T R, up to the sign of each row, which neither score depends on (flipping
@@ -41,7 +42,6 @@ def layer_weights(x, window):
     window's R comes from a c x c block of it, without gathering or factoring the d-wide windows (a window whose
     vectors are linearly dependent, where Cholesky fails, takes the QR of its vectors, as the code)."""
     N, S, _ = x.shape
-    gram = x @ x.transpose(1, 2)  # (N, S, S)
     align, novelty = x.new_zeros(N, S), x.new_zeros(N, S)
     groups = {}
     for k in range(S):  # layers whose windows have the same number of columns are factored together
@@ -60,7 +60,7 @@ def layer_weights(x, window):
         align[:, ks] = 1 / (beta * c * 2)
         novelty[:, ks] = R[..., -1, -1].abs() / R[..., :, -1].norm(dim=-1)
     alpha = align / align.sum(1, keepdim=True) + novelty / novelty.sum(1, keepdim=True)
-    return alpha / alpha.sum(1, keepdim=True), gram
+    return alpha / alpha.sum(1, keepdim=True)
 
 
 def wk_pool(hidden_states, attention_mask, layer_start, window=2):
@@ -77,8 +77,8 @@ def wk_pool(hidden_states, attention_mask, layer_start, window=2):
     used = torch.arange(T, device=attention_mask.device)[None] < (attention_mask.sum(1) - 1)[:, None]  # no final [SEP]
     x = torch.stack([h[used] for h in hidden_states[layer_start:]], 1).double()  # (N, S, d): every used token
     sent = torch.arange(B, device=used.device)[:, None].expand_as(used)[used]  # (N,) its sentence
-    alpha, gram = layer_weights(x, window)
-    tokens = torch.einsum("ns,nsd->nd", alpha, x)  # (N, d) unified token vectors
+    gram = x @ x.transpose(1, 2)  # (N, S, S): every window of a token is a block of it, and so are its cosines
+    tokens = torch.einsum("ns,nsd->nd", layer_weights(x, gram, window), x)  # (N, d) unified token vectors
     # token weight: the variance (population) of the cosines between consecutive layers, normalised per sentence
     norms, near = gram.diagonal(dim1=1, dim2=2).sqrt(), gram.diagonal(offset=1, dim1=1, dim2=2)  # (N, S), (N, S-1)
     var = (near / (norms[:, :-1] * norms[:, 1:])).var(1, unbiased=False)
