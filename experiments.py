@@ -87,6 +87,7 @@ FLOW_FLAGS = (*WHITENING_FLAGS, "--max-steps")
 WHITENING = Variant("whitening", ["--loss", "whitening"], seeded=False, accepts=WHITENING_FLAGS)
 FLOW = Variant("flow", ["--loss", "flow"], {"BERT-base": "68.77 +- 0.07", "SBERT-base": "77.42"}, accepts=FLOW_FLAGS)
 SG_OPT = Variant("sg-opt", [], {"BERT-base": "74.62 +- 0.25"})
+SG_OPT_MEAN = ["--pooling", "mean", "--eval-pooling", "mean"]  # ours: c_i = BERT_T's mean-pooled last layer
 TRANSFER_TEXT = "{transfer_text}"  # a --data value: the file transfer_text() writes
 TRANSFER_PAPER = ["--tasks", "transfer", "--transfer-config", "paper"]  # evaluate.py: Table 4's protocol
 OWN = "BERT-base, its own paper"  # the leaderboard's paper column: each method's own paper
@@ -168,13 +169,17 @@ EXPERIMENTS = {
         Variant("bf16", ["--precision", "bf16"]),
     ], "bf16: autocast of BERT_F, BERT_T and the head; the similarity, softmax, loss, regulariser and the evaluation "
        "stay fp32. Read the bf16 row against the fp32 row's seed spread.", drops={"bf16": "fp32"}),
-    "methods": Experiment("SG-OPT, ConSERT and SimCSE on one harness: same data, seeds and evaluator", [
+    "methods": Experiment("The trained methods on one harness: same data, seeds and evaluator (STS only)", [
         Variant("sg-opt", [], {"BERT-base": "74.62 +- 0.25"}),
         Variant("consert", ["--loss", "consert"], {"BERT-base": "72.74"}),
         Variant("simcse", ["--loss", "simcse"], {"BERT-base": "76.25"}),
+        Variant("promptbert", ["--loss", "promptbert"], {"BERT-base": "78.54 +- 0.15"}),
+        Variant("sg-opt-mean", SG_OPT_MEAN),
     ], "Each method with its own recipe (methods.py: tau, batch, max length, lr, pooling, augmentations), "
        "trained on the STS-B sentences; the paper figures are each method's own paper (ConSERT's trained on STS+SICK "
-       "text for 10 epochs; SimCSE's on 10^6 Wikipedia sentences)."),
+       "text for 10 epochs; SimCSE's on 10^6 Wikipedia sentences; PromptBERT's on SimCSE's). sg-opt-mean is ours: "
+       "SG-OPT with BERT_T's mean-pooled last layer as c_i. The leaderboard's trained rows are these runs (its "
+       "first seed's checkpoints take its transfer step)."),
     "leaderboard": Experiment("Every method and baseline on one harness: STS, transfer and cost", [
         *[Variant(n, ["--pooling", n, "--tasks", "all", "--transfer-config", "paper"], {OWN: p}, evaluate_only=True)
           for n, p in (("cls", "31.40 (SG-BERT)"), ("mean", "52.57 (SG-BERT)"), ("first-last", "56.70 (SimCSE)"),
@@ -188,7 +193,7 @@ EXPERIMENTS = {
         Variant("simcse", ["--loss", "simcse"], {OWN: "76.25"}, then=TRANSFER_PAPER),
         Variant("promptbert", ["--loss", "promptbert"], {OWN: "78.54 +- 0.15"}, then=TRANSFER_PAPER),
         # ours: self-guidance on the pooling the model was trained with (c_i = BERT_T's mean-pooled last layer)
-        Variant("sg-opt-mean", ["--pooling", "mean", "--eval-pooling", "mean"], then=TRANSFER_PAPER),
+        Variant("sg-opt-mean", SG_OPT_MEAN, then=TRANSFER_PAPER),
     ], "Each method with its own recipe (methods.py) for one epoch of the 17,256 STS-B sentences: the common "
        "budget is the data, not the steps (1,079 steps of 16 for the SG family, 270 of 64 for SimCSE, 180 of 96 for "
        "ConSERT, 68 of 256 for PromptBERT, 269 of 64 for the flow). Transfer: the 7 SentEval tasks, the paper's "

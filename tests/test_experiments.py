@@ -579,3 +579,19 @@ def test_leaderboard_transfers_the_first_seed_only_and_reports_every_method(fake
     assert "| cls | 1 | 70.00 | 71.00 | 72.00 | 73.00 | 74.00 | 75.00 | 76.00 | 73.00 | 83.00 (1) |  |  | 1.5 | 31.40" in out
     assert "| promptbert | 2 |" in out and "| sg-opt-mean | 2 |" in out
     assert "one epoch of the 17,256 STS-B sentences" in out
+
+
+def test_the_leaderboard_trains_nothing_the_methods_experiment_trained(fake, capsys):
+    experiments.main(["methods", *fake.argv])  # every trained method at seeds 1, 2, STS only
+    n = len(fake.calls())
+    experiments.main(["leaderboard", *fake.argv])
+    calls = fake.calls()[n:]
+    lb = fake.out / "leaderboard"
+    trained = ["sg-opt", "consert", "simcse", "promptbert", "sg-opt-mean"]
+    assert {v.name for v in experiments.EXPERIMENTS["methods"].variants} == set(trained)
+    losses = {c[1][c[1].index("--loss") + 1] if "--loss" in c[1] else "sg-opt" for c in calls if c[0] == "train.py"}
+    assert losses == {"whitening", "flow", "sg"}  # the rows that are not methods' (Table 1's, on a real --out)
+    for v in trained:  # seed 1: the methods run's checkpoint, then transfer; seed 2: the same run, copied
+        one, two = (json.loads((lb / f"{v}/seed-{s}.json").read_text()) for s in (1, 2))
+        assert one["trained_as"] == f"methods/{v}/seed-1.json" and one["transfer"]["MR"]["acc"] == 81.0
+        assert two["same_as"] == f"methods/{v}/seed-2.json"
