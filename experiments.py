@@ -51,6 +51,7 @@ EXAMPLES = """examples:
   python experiments.py list
   python experiments.py table5 --model $M --seeds 1 2 3 --max-steps 300 --out results
   python experiments.py table1 --model $M --seeds 1 2 3 4 1234 2345 3456 7890 --out results
+  python experiments.py leaderboard --model $M --variants promptbert sg-opt-mean --out results
   python experiments.py report table5 --out results
   python experiments.py report figure4 --out results --plot figure4.png
 
@@ -361,11 +362,13 @@ class Run:
         return f"{self.exp}/{self.v.name}/{self.stem}"
 
 
-def plan(name, seeds, out):
-    """The runs of a sweep, seed-major: every variant gets its first seed before any gets its second."""
+def plan(name, seeds, out, only=None):
+    """The runs of a sweep, seed-major: every variant (those named in `only`, in its order, when given) gets its first
+    seed before any gets its second."""
     runs, exp = [], EXPERIMENTS[name]
+    variants = [next(v for v in exp.variants if v.name == n) for n in dict.fromkeys(only)] if only else exp.variants
     for i, seed in enumerate(seeds):
-        for v in exp.variants:
+        for v in variants:
             once = v.evaluate_only or not v.seeded
             if not (once and i > 0):
                 then = not exp.then_seeds or i < exp.then_seeds
@@ -555,7 +558,7 @@ STATUS = {"done": "already finished", "ran": "run now", "copied": "copied", "oth
 def sweep(name, args, extra, data_dir):
     """Every run of the experiment once: ours, then (unless --no-wait) those other sweeps held, then the report
     and one summary line. Returns the exit status: 1 when a run failed or could not be run, else 0."""
-    t0, runs, out = time.time(), plan(name, args.seeds, args.out), Path(args.out)
+    t0, runs, out = time.time(), plan(name, args.seeds, args.out, args.variants), Path(args.out)
     uses_text = any(TRANSFER_TEXT in v.flags for v in EXPERIMENTS[name].variants)
     text = transfer_text(data_dir, out / "transfer-text.txt") if uses_text else None
     tally, held = {s: [] for s in STATUS}, []
@@ -890,6 +893,8 @@ def get_args(argv=None):
                         f"{' '.join(map(str, PAPER_SEEDS))})")
     p.add_argument("--out", default="runs", help="folder of the runs and reports (default: %(default)s)")
     p.add_argument("--data-dir", default=None, help="data folder (default: $SG_DATA, else ./data)")
+    p.add_argument("--variants", nargs="+", metavar="NAME", help="run only these variants (rows) of the experiment, "
+                   "in this order (e.g. the rows you need first); the report shows every finished run (default: all)")
     p.add_argument("--no-wait", action="store_true", help="leave the runs another live sweep holds (exit status 1) "
                    "instead of waiting for them before the report (default: wait)")
     p.add_argument("--plot", help="with report figure4: draw the paper's Figure 4 bars to this .png (needs matplotlib)")
@@ -957,6 +962,10 @@ def main(argv=None):
     bad = [f for f in extra if f.partition("=")[0] in ("--out", "--json", "--seed", "--overwrite")]
     if bad:
         die(f"{bad[0]} is set per run by experiments.py (use --out for the sweep's folder, --seeds for the seeds)")
+    names = [v.name for v in EXPERIMENTS[args.command].variants]
+    unknown = [n for n in args.variants or [] if n not in names]
+    if unknown:
+        die(f"--variants {unknown[0]}: {args.command} has no such variant; choose from {' '.join(names)}")
     if len(set(args.seeds)) < len(args.seeds):
         die(f"--seeds {' '.join(map(str, args.seeds))}: a seed is given twice")
     check_out(args.out)

@@ -113,6 +113,7 @@ def test_list_prints_every_experiment(capsys):
     (["table5", "--seeds", "x"], "'x' is not an integer"),
     (["table5", "--seeds", "1", "2", "1"], "--seeds 1 2 1: a seed is given twice"),
     (["table5", "--plot", "a.png"], "only `report` takes"),
+    (["table5", "--variants", "sg", "nope"], "--variants nope: table5 has no such variant; choose from sg-opt opt2"),
     (["report", "table5", "--plot", "a.png"], "table5 has none"),
 ])
 def test_bad_commands_are_one_line(argv, message, capsys):
@@ -595,3 +596,12 @@ def test_the_leaderboard_trains_nothing_the_methods_experiment_trained(fake, cap
         one, two = (json.loads((lb / f"{v}/seed-{s}.json").read_text()) for s in (1, 2))
         assert one["trained_as"] == f"methods/{v}/seed-1.json" and one["transfer"]["MR"]["acc"] == 81.0
         assert two["same_as"] == f"methods/{v}/seed-2.json"
+
+
+def test_variants_runs_only_those_rows_and_the_report_shows_every_finished_run(fake, capsys):
+    experiments.main(["methods", *fake.argv, "--variants", "sg-opt-mean", "consert"])
+    runs = [(Path(c[1][c[1].index("--out") + 1]).parent.name, c[1][c[1].index("--seed") + 1]) for c in fake.calls()]
+    assert runs == [("sg-opt-mean", "1"), ("consert", "1"), ("sg-opt-mean", "2"), ("consert", "2")]  # in that order
+    experiments.main(["methods", *fake.argv, "--variants", "simcse"])
+    out = capsys.readouterr().out
+    assert all(f"| {v} | 2 |" in out for v in ("consert", "simcse", "sg-opt-mean")) and "| promptbert |" not in out
