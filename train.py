@@ -365,8 +365,6 @@ def finish(run, keeper, stop, stats):
                   ms_per_step=1000 * stats["train_seconds"] / max(step, 1))
     if run.cfg.json:
         checkpoint.write_json(run.cfg.json, result)
-    if stop and stop.startswith("non-finite"):
-        sys.exit(1)
     return result
 
 
@@ -597,12 +595,22 @@ def main(argv=None):
             keeper = BestCheckpoint(run)
         stop, stats = train_loop(run, keeper)
         if world > 1:
-            # Every rank waits here with the GIL released, so gloo's worker threads can finish dropping the last
-            # collectives' tensors (which takes the GIL) before the process group is destroyed: its destructor
-            # joins those threads while holding the GIL, and a rank that got there first could hang at exit (!!)
-            dist.barrier()
+            dist.barrier()  # every rank is past its last collective before the group is released
             dist.destroy_process_group()
-        return finish(run, keeper, stop, stats) if rank == 0 else None
+        result = finish(run, keeper, stop, stats) if rank == 0 else None
+    code = 1 if stop and stop.startswith("non-finite") else 0
+    if world > 1:
+        # (!!) The run is complete and written; leave now, while `run` still holds the DDP reducer. Dropping it (on
+        # return from here, or in the interpreter's teardown) drops the last reference to the gloo process group,
+        # whose destructor joins gloo's worker threads with the GIL held while a worker may need the GIL to free a
+        # tensor (py-spy of a hung rank: ~ProcessGroupGloo in thread.join, its worker in ~AsyncBarrierWork waiting
+        # for the GIL). Seen in 2 of 3 torchrun tests of one suite run on a loaded CPU, and in 2 of ~35 runs after.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    if code:
+        sys.exit(code)
+    return result
 
 # -----------------------------------------------------------------------------
 # the command line
@@ -681,10 +689,3 @@ if __name__ == "__main__":
     except KeyboardInterrupt:  # outside the loop (loading, the final evaluation): no traceback, nothing half-written
         print("train.py: interrupted", file=sys.stderr)
         sys.exit(130)
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        # (!!) Under torchrun the run is complete and written here; skip the interpreter's teardown. It drops the DDP
-        # reducer, whose last reference to the gloo process group joins gloo's worker threads with the GIL held while a
-        # worker may need the GIL to free a tensor: a rank could hang at exit even after the barrier (seen in a suite run)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
