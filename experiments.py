@@ -934,6 +934,8 @@ def check_data(name, args, extra):
 def check_report(args):
     if args.name not in EXPERIMENTS:
         die(f"report {args.name or '(no name)'}: choose one of {', '.join(EXPERIMENTS)}")
+    if args.variants:
+        die("--variants chooses the rows a sweep runs; report shows every finished run (drop --variants)")
     if args.plot and not EXPERIMENTS[args.name].drops:
         die(f"--plot draws the drops of figure4 (or domain, precision); {args.name} has none")
     if args.plot:

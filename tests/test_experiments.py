@@ -113,6 +113,7 @@ def test_list_prints_every_experiment(capsys):
     (["table5", "--seeds", "x"], "'x' is not an integer"),
     (["table5", "--seeds", "1", "2", "1"], "--seeds 1 2 1: a seed is given twice"),
     (["table5", "--plot", "a.png"], "only `report` takes"),
+    (["report", "table5", "--variants", "sg"], "--variants chooses the rows a sweep runs"),
     (["table5", "--variants", "sg", "nope"], "--variants nope: table5 has no such variant; choose from sg-opt opt2"),
     (["report", "table5", "--plot", "a.png"], "table5 has none"),
 ])
