@@ -784,7 +784,7 @@ def report(name, out, plot=None):
     none = [v.name for v in exp.variants if v.name not in summary]
     lines += ["", f"No finished runs yet: {', '.join(none)}."] if none else []
     text = "\n".join(lines) + "\n"
-    print(text, flush=True)
+    say(text)
     try:
         write_json(out / name / "results.json", {"experiment": name, "title": exp.title, "variants": summary,
                                                  **({"drops": drops(exp, summary)} if exp.drops else {})})
@@ -825,16 +825,27 @@ def plot_drops(exp, summary, path):
 
 
 def list_experiments():
+    lines = []
     for name, exp in EXPERIMENTS.items():
-        print(f"{name}: {exp.title}")
+        lines.append(f"{name}: {exp.title}")
         for v in exp.variants:
             kind = ("evaluate.py (untrained)" if v.evaluate_only else "train.py" + ("" if v.seeded else ", once")
                     + (f", then evaluate.py {' '.join(v.then)}" if v.then else "")
                     + (f" (the first {exp.then_seeds} seed(s) only)" if v.then and exp.then_seeds else ""))
             paper = "; ".join(f"paper {b}: {x}" for b, x in v.paper.items())
-            print(f"  {v.name:<22} {kind} {' '.join(v.flags) or '(defaults)'}" + (f" | {paper}" if paper else ""))
+            lines.append(f"  {v.name:<22} {kind} {' '.join(v.flags) or '(defaults)'}" + (f" | {paper}" if paper else ""))
         if exp.note:
-            print(f"  note: {exp.note}")
+            lines.append(f"  note: {exp.note}")
+    say("\n".join(lines))
+
+
+def say(text):
+    """Print text to stdout. A reader that closed the pipe early (`report leaderboard | head`) has all it wanted:
+    the rest of the output goes nowhere, quietly, and the work goes on (report still writes its files)."""
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so that the flush at exit cannot fail again
 
 # -----------------------------------------------------------------------------
 # the command line: every flag checked before any work starts

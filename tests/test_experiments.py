@@ -104,6 +104,18 @@ def test_list_prints_every_experiment(capsys):
     assert "74.62" in out and "70.39" in out and "79.41" in out and "train.py, once" in out
 
 
+def test_a_reader_that_closes_the_pipe_early_gets_no_traceback(tmp_path):
+    """`report leaderboard | head`: head closes the pipe; no BrokenPipeError, and report still writes its files."""
+    record(tmp_path / "table1/cls/eval.json", **{k: v for k, v in sts_record(70.0).items() if k != "train"})
+    for argv in (["list"], ["report", "table1", "--out", str(tmp_path)]):
+        p = subprocess.Popen([sys.executable, "experiments.py", *argv], cwd=Path(experiments.__file__).parent,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        p.stdout.close()  # before the child prints a line: its first write meets a closed pipe
+        err = p.stderr.read()
+        assert p.wait(timeout=60) == 0 and "Traceback" not in err and "BrokenPipe" not in err, err
+    assert "| cls | 1 |" in (tmp_path / "table1/results.md").read_text()
+
+
 @pytest.mark.parametrize("argv, message", [
     (["nope"], "unknown experiment 'nope'"),
     (["report", "nope"], "report nope"),
