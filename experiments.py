@@ -559,7 +559,7 @@ def sweep(name, args, extra, data_dir):
     """Every run of the experiment once: ours, then (unless --no-wait) those other sweeps held, then the report
     and one summary line. Returns the exit status: 1 when a run failed or could not be run, else 0."""
     t0, runs, out = time.time(), plan(name, args.seeds, args.out, args.variants), Path(args.out)
-    uses_text = any(TRANSFER_TEXT in v.flags for v in EXPERIMENTS[name].variants)
+    uses_text = any(TRANSFER_TEXT in r.v.flags for r in runs)  # the rows this sweep runs (--variants)
     text = transfer_text(data_dir, out / "transfer-text.txt") if uses_text else None
     tally, held = {s: [] for s in STATUS}, []
     for i, run in enumerate(runs, 1):
