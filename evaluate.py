@@ -54,6 +54,18 @@ SHORT = {"STSBenchmark": "STS-B", "SICKRelatedness": "SICK-R"}  # MTEB's names, 
 LAYERWISE_POOLINGS = ("cls", "mean", "max")
 SUMMARY = ("avg", "sentences", "sentences_per_s", "seconds", "task_seconds")  # evaluate_sts's keys that are not tasks
 TASK_SETS = {"sts": TASKS, "transfer": TRANSFER, "all": TASKS + TRANSFER}  # --tasks shorthands
+EVAL_MAX_LEN = 128  # tokens per sentence at evaluation, [CLS]/[SEP] included: SentEval's and SimCSE's max_seq_length
+
+
+def eval_tokenizer(tokenizer, config):
+    """The tokenizer of every evaluation (evaluate.py, train.py's dev score and final report): a copy of `tokenizer`
+    that truncates at EVAL_MAX_LEN tokens, or at the model's own limit (config.max_position_embeddings) when shorter.
+    A checkpoint's scores are a function of the checkpoint and the evaluation flags only: never of the --max-len it
+    was trained at (SimCSE's and PromptBERT's recipes train at 32 tokens, ConSERT's at 64)."""
+    from tokenizers import Tokenizer
+    tok = Tokenizer.from_str(tokenizer.to_str())
+    tok.enable_truncation(max_length=min(EVAL_MAX_LEN, config.max_position_embeddings))
+    return tok
 
 
 def cosine(a, b):
@@ -366,8 +378,7 @@ def load(args):
             model, transform = load_with_transform(name)
         else:
             model = bert.Bert.from_pretrained(name)
-        # truncate at the model's own limit (128 at most, as SentEval runs)
-        tokenizer = bert.load_tokenizer(name, max_len=min(128, model.config.max_position_embeddings))
+        tokenizer = eval_tokenizer(bert.load_tokenizer(name), model.config)
         meta = checkpoint.read_metadata(name) if args.ckpt else {}
     except checkpoint.LoadError as e:  # its message names the file and what to do
         die(e)
@@ -409,7 +420,7 @@ def pairs_plot(args, model, tokenizer, meta, data_dir):
     base, name = (meta.get("args") or {}).get("model") or meta.get("base_model"), args.ckpt  # args: the path as given
     try:
         before = bert.Bert.from_pretrained(base).to(model.embeddings.word_embeddings.weight.device)
-        before_tok = bert.load_tokenizer(base, tokenizer.truncation["max_length"])
+        before_tok = eval_tokenizer(bert.load_tokenizer(base), before.config)
     except checkpoint.LoadError as e:
         die(f"--pairs-plot: the base model {base!r} recorded in {name} cannot be loaded: {e}")
     plot_pairs({f"before: {'/'.join(Path(str(base)).parts[-2:])}": sts_pairs_2d(

@@ -75,7 +75,8 @@ class Run:
     trainable: list  # the parameters the optimizer updates, clipped together
     layers: list  # the hidden states of BERT_F that give views (0 = embeddings .. l)
     total: int  # training steps
-    tokenizer: object
+    tokenizer: object  # the training tokenizer: truncates at --max-len
+    eval_tokenizer: object  # the dev score's: evaluate.py's truncation, whatever --max-len (evaluate.eval_tokenizer)
     examples: list  # training sentences, or (sentence, paraphrase) pairs
     data_dir: Path
     device: torch.device
@@ -309,7 +310,8 @@ def evaluation(run, keeper, stats, step):
 
 def dev_score(run):
     model = raw(run.bert_T)
-    vectors = evaluate.sentence_vectors(model, run.tokenizer, run.cfg.eval_pooling, batch_size=run.cfg.eval_batch_size,
+    vectors = evaluate.sentence_vectors(model, run.eval_tokenizer, run.cfg.eval_pooling,
+                                        batch_size=run.cfg.eval_batch_size,
                                         template=run.cfg.template)  # PromptBERT: the first template, not denoised
     return evaluate.stsb_spearman(vectors, run.data_dir, "dev")
 
@@ -370,7 +372,9 @@ def finish(run, keeper, stop, stats):
 
 def final_report(cfg, model, tokenizer, data_dir, best, device, transform=None):
     """STS-B dev and test Spearman of the best weights (the official code evaluates the last ones by mistake), and
-    the STS-B test inference time (the paper's Table 6); with --eval-all the 7-task table."""
+    the STS-B test inference time (the paper's Table 6); with --eval-all the 7-task table. Tokenized as evaluate.py
+    does, whatever --max-len: these are the numbers evaluate.py --ckpt gives on the checkpoint."""
+    tokenizer = evaluate.eval_tokenizer(tokenizer, model.config)
     vectors = evaluate.sentence_vectors(model, tokenizer, cfg.eval_pooling, batch_size=cfg.eval_batch_size,
                                         transform=transform, template=cfg.template)
     print("encoding STS-B dev and test ...", flush=True)
@@ -432,8 +436,9 @@ def fit_posthoc(cfg, device):
             tensors, info = flow.state_dict(), {"kind": "flow", "config": flow.config()}
         fit_seconds = time.time() - t0
         transform = evaluate.make_transform(info, tensors)
-        dev = evaluate.stsb_spearman(evaluate.sentence_vectors(model, tokenizer, cfg.eval_pooling, transform=transform,
-                                                               batch_size=cfg.eval_batch_size), data_dir, "dev")
+        vectors = evaluate.sentence_vectors(model, evaluate.eval_tokenizer(tokenizer, model.config), cfg.eval_pooling,
+                                            transform=transform, batch_size=cfg.eval_batch_size)
+        dev = evaluate.stsb_spearman(vectors, data_dir, "dev")
         meta = {"tokenizer": tokenizer.to_str(), "base_model": checkpoint.display_name(cfg.model), "args": vars(cfg), "git": git_sha(),
                 "pooling": cfg.eval_pooling, "method": cfg.loss, "config": model.config.to_dict(), "transform": info,
                 "best": {"step": stats["steps"], "dev": dev}}
@@ -514,7 +519,8 @@ def build_run(cfg, bert_F, tokenizer, examples, data_dir, device, rank=0, world=
              else f" | aug1 {cfg.aug1} aug2 {cfg.aug2}"))
     return Run(cfg=cfg, method=method, bert_F=bert_F, bert_T=bert_T, head=head, optimizer=optimizer,
                trainable=[p for g in optimizer.param_groups for p in g["params"]], layers=layers, total=total,
-               tokenizer=tokenizer, examples=examples, data_dir=data_dir, device=device, rank=rank, world=world,
+               tokenizer=tokenizer, eval_tokenizer=evaluate.eval_tokenizer(tokenizer, bert_F.config),
+               examples=examples, data_dir=data_dir, device=device, rank=rank, world=world,
                gen=torch.Generator().manual_seed(cfg.seed), aug_gen=torch.Generator().manual_seed(cfg.seed + rank),
                aug1=augment.parse(cfg.aug1), aug2=augment.parse(cfg.aug2), templates=tuple(templates),
                meta={"tokenizer": tokenizer.to_str(), "base_model": checkpoint.display_name(cfg.model), "args": vars(cfg),

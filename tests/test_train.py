@@ -498,3 +498,21 @@ def test_whitening_takes_the_sweep_flags(world):
     a = fit(world, "whitening", "--seed", "3", "--max-steps", "5")
     b = fit(world, "whitening", "--seed", "4", "--overwrite")
     assert a["test"] == b["test"]
+
+
+@pytest.mark.parametrize("loss", ["opt", "simcse", "whitening"])
+def test_the_final_report_is_what_evaluate_gives_whatever_max_len(world, loss):
+    """A checkpoint's scores are a function of the checkpoint and the evaluation flags only: trained at --max-len 4
+    (sentences of up to 12 tokens, so the cut matters), train.py's final report equals evaluate.py --ckpt's."""
+    flags = ["--loss", loss, "--max-len", "4", "--json", str(world["tmp"] / "train.json")]
+    result = fit(world, loss, *flags[2:]) if loss == "whitening" else run(world, *flags, "--lr", "1e-3")
+    reported = json.loads((world["tmp"] / "train.json").read_text())
+    assert reported["test"] == result["test"]
+    ev = evaluate.main(["--ckpt", str(world["out"]), "--data-dir", str(world["data"]), "--tasks", "STSBenchmark",
+                        "--device", "cpu"])
+    assert ev["sts"]["STSBenchmark"]["all"] == reported["test"]  # exactly: the same tokens, the same vectors
+    model, transform = evaluate.load_with_transform(world["out"])
+    short = bert.load_tokenizer(world["out"], max_len=4)  # the training tokenizer would have given another number
+    vectors = evaluate.sentence_vectors(model, short, checkpoint.read_metadata(world["out"])["pooling"],
+                                        transform=transform)
+    assert evaluate.stsb_spearman(vectors, world["data"], "test") != reported["test"]
