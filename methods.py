@@ -131,6 +131,8 @@ def resolve_config(args):
     for k, v in {**DEFAULTS, "pooling": m.pooling, "eval_pooling": m.eval_pooling, **m.recipe}.items():
         if getattr(cfg, k) is None:  # the method's recipe, unless a flag says otherwise
             setattr(cfg, k, v)
+    if m.side2 == "none":  # a fitted map applies to the vectors it was fitted on: evaluated with their pooling
+        cfg.eval_pooling = cfg.pooling
     cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
     cfg.precision = cfg.precision or ("bf16" if cuda else "fp32")
     given = [k for k in m.ignores if k in args.given]

@@ -38,11 +38,19 @@ def fit_whitening(x, dim=None):
     K = H if dim is None else dim
     if not 1 <= K <= H:
         raise ValueError(f"whitening dimension {K}: give 1..{H}")
+    distinct = len(torch.unique(x, dim=0))
+    if distinct <= K:  # (!!) the code has no check: the missing directions get 1 / sqrt(~1e-16) ~ 1e8 and swamp the rest
+        raise ValueError(f"whitening to {K} dimensions needs more than {K} distinct sentence vectors (n points span "
+                         f"at most n - 1 directions), got {distinct}: give more distinct sentences"
+                         + (f", or a dimension below {distinct}" if distinct > 1 else ""))
     mu = x.mean(0)
-    # no rank check, as the code: a direction of zero variance (n <= H, or LayerNorm's sum-zero outputs in an
-    # untrained model) gets a huge 1/sqrt(S); pass dim to drop it
+    # a direction of zero variance that the count above cannot see (LayerNorm's sum-zero outputs in an untrained
+    # model) still gets a huge 1/sqrt(S), as in the code; pass dim to drop it
     U, S, _ = torch.linalg.svd(torch.cov(x.T))  # torch.cov: ddof 1, as np.cov; S descending
-    return mu, (U / S.sqrt())[:, :K]  # U diag(1/sqrt(S)): column j of U divided by sqrt(S_j)
+    W = (U / S.sqrt())[:, :K]  # U diag(1/sqrt(S)): column j of U divided by sqrt(S_j)
+    if not (torch.isfinite(mu).all() and torch.isfinite(W).all()):
+        raise ValueError("the fitted whitening is not finite (a direction of zero variance): give a smaller dimension")
+    return mu, W
 
 
 def whiten(x, mu, W):
@@ -250,4 +258,8 @@ def fit_flow(x, epochs=1, batch_size=64, lr=1e-3, weight_decay=0.01, clip=1.0, s
                             f"lr {lr:.1e} | {ms:.1f} ms/step")
             if step == total:
                 break
+    bad = [k for k, v in flow.state_dict().items() if not torch.isfinite(v).all()]
+    if bad or not all(math.isfinite(l) for _, l in losses):
+        raise ValueError(f"the flow diverged: non-finite {', '.join(bad[:2]) or 'loss'} after {step} steps at lr "
+                         f"{lr:g}; lower the lr")
     return flow.eval(), {"steps": step, "losses": losses, "seconds": time.perf_counter() - t0}

@@ -426,24 +426,23 @@ def fit_posthoc(cfg, device):
               flush=True)
         x = bert.encode(model.to(device), tokenizer, sentences, cfg.pooling, batch_size=cfg.eval_batch_size,
                         dropout=dropout, progress=evaluate.Counter(print))
-        if cfg.loss == "whitening":
-            mu, W = posthoc.fit_whitening(x, cfg.whiten_dim)
-            tensors, info, stats = {"mu": mu, "W": W}, {"kind": "whitening", "dim": W.shape[1]}, {"steps": 0, "losses": []}
-        else:
-            flow, stats = posthoc.fit_flow(torch.from_numpy(x), epochs=cfg.epochs, batch_size=cfg.batch_size,
-                                           lr=cfg.lr, weight_decay=cfg.weight_decay, seed=cfg.seed,
-                                           max_steps=cfg.max_steps, log=print)
-            tensors, info = flow.state_dict(), {"kind": "flow", "config": flow.config()}
+        kept = f"the previous {cfg.out} is kept" if Path(cfg.out).exists() else f"{cfg.out} is not written"
+        tensors, info, stats = fit_map(cfg, x, kept)
         fit_seconds = time.time() - t0
         transform = evaluate.make_transform(info, tensors)
         vectors = evaluate.sentence_vectors(model, evaluate.eval_tokenizer(tokenizer, model.config), cfg.eval_pooling,
                                             transform=transform, batch_size=cfg.eval_batch_size)
         dev = evaluate.stsb_spearman(vectors, data_dir, "dev")
+        if not math.isfinite(dev):  # a NaN score never replaces a good file
+            die(f"STS-B dev Spearman of the fitted {cfg.loss} is {dev} (constant sentence vectors?); {kept}")
         meta = {"tokenizer": tokenizer.to_str(), "base_model": checkpoint.display_name(cfg.model), "args": vars(cfg), "git": git_sha(),
                 "pooling": cfg.eval_pooling, "method": cfg.loss, "config": model.config.to_dict(), "transform": info,
                 "best": {"step": stats["steps"], "dev": dev}}
-        checkpoint.save_checkpoint(cfg.out, {**model.tensors(), **{checkpoint.TRANSFORM_PREFIX + k: v.detach().cpu()
-                                                                  for k, v in tensors.items()}}, meta)
+        try:
+            checkpoint.save_checkpoint(cfg.out, {**model.tensors(), **{checkpoint.TRANSFORM_PREFIX + k: v.detach().cpu()
+                                                                      for k, v in tensors.items()}}, meta)
+        except OSError as e:  # e.g. a full disk: the write is atomic, the file in place is intact
+            die(f"cannot write {cfg.out} ({e.strerror or e}); {kept}")
         print(f"{cfg.loss} fitted on {len(sentences)} sentences in {fit_seconds:.1f} s | STS-B dev {dev:.2f} | "
               f"written to {cfg.out}")
     model, transform = evaluate.load_with_transform(cfg.out, device)  # what evaluate.py --ckpt will see
@@ -453,6 +452,19 @@ def fit_posthoc(cfg, device):
     if cfg.json:
         checkpoint.write_json(cfg.json, result)
     return result
+
+def fit_map(cfg, x, kept):
+    """The fitted map of the vectors x (n, H): (its tensors, its metadata 'transform', {"steps", "losses"}), every
+    tensor finite; a fit that cannot be made or diverges is one line (`kept`: what --out holds then)."""
+    try:
+        if cfg.loss == "whitening":
+            mu, W = posthoc.fit_whitening(x, cfg.whiten_dim)
+            return {"mu": mu, "W": W}, {"kind": "whitening", "dim": W.shape[1]}, {"steps": 0, "losses": []}
+        flow, stats = posthoc.fit_flow(torch.from_numpy(x), epochs=cfg.epochs, batch_size=cfg.batch_size, lr=cfg.lr,
+                                       weight_decay=cfg.weight_decay, seed=cfg.seed, max_steps=cfg.max_steps, log=print)
+        return flow.state_dict(), {"kind": "flow", "config": flow.config()}, stats
+    except ValueError as e:
+        die(f"--loss {cfg.loss}: {e}; {kept}")
 
 # -----------------------------------------------------------------------------
 # setup

@@ -58,6 +58,18 @@ def test_whitening_refuses_bad_input():
         posthoc.fit_whitening(x[0])
 
 
+def test_whitening_refuses_fewer_distinct_vectors_than_dimensions():
+    """One sentence repeated (or n <= K distinct ones) spans too few directions: the code's W would reach ~1e8."""
+    rng = np.random.default_rng(0)
+    with pytest.raises(ValueError, match="distinct"):
+        posthoc.fit_whitening(np.repeat(rng.normal(size=(1, 4)), 50, 0))
+    x = np.repeat(rng.normal(size=(3, 4)), 10, 0)  # 3 distinct vectors: 2 directions
+    with pytest.raises(ValueError, match="distinct"):
+        posthoc.fit_whitening(x)
+    mu, W = posthoc.fit_whitening(x, dim=2)
+    assert torch.isfinite(W).all() and W.abs().max() < 1e3
+
+
 @pytest.mark.parametrize("dim", [8, 13])  # 13: odd halves at every level
 def test_flow_round_trip(dim):
     flow = randomised(posthoc.Glow(dim, init="identity"), seed=dim)
@@ -169,6 +181,8 @@ def test_fit_flow_refuses_bad_input():
         posthoc.fit_flow(torch.randn(100, 8), batch_size=10, epochs=0)
     with pytest.raises(ValueError, match="optimizer"):
         posthoc.fit_flow(torch.randn(100, 8), batch_size=10, optimizer="sgd")
+    with pytest.raises(ValueError, match="diverged"):  # a huge lr: NaN weights are never returned
+        posthoc.fit_flow(torch.randn(100, 8), batch_size=10, lr=1e4)
 
 
 def test_config_and_state_round_trip():

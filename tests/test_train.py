@@ -516,3 +516,45 @@ def test_the_final_report_is_what_evaluate_gives_whatever_max_len(world, loss):
     vectors = evaluate.sentence_vectors(model, short, checkpoint.read_metadata(world["out"])["pooling"],
                                         transform=transform)
     assert evaluate.stsb_spearman(vectors, world["data"], "test") != reported["test"]
+
+
+@pytest.mark.parametrize("loss,flags,message", [
+    ("whitening", [], "needs more than 32 distinct sentence vectors (n points"),  # one sentence repeated
+    ("flow", ["--lr", "1e4", "--batch-size", "8"], "the flow diverged"),
+])
+def test_a_fit_that_fails_exits_non_zero_and_keeps_the_old_file(world, capsys, loss, flags, message):
+    good = fit(world, "whitening")
+    before = world["out"].read_bytes()
+    world["sents"].write_text("a man is playing .\n" * 40 if loss == "whitening" else world["sents"].read_text())
+    with pytest.raises(SystemExit) as e:
+        fit(world, loss, "--overwrite", *flags)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and message in err and f"the previous {world['out']} is kept" in err
+    assert len(err.strip().splitlines()) == 1 and world["out"].read_bytes() == before and good["dev"] == good["dev"]
+
+
+def test_a_nan_dev_score_of_a_fit_keeps_the_old_file(world, capsys, monkeypatch):
+    fit(world, "whitening")
+    before = world["out"].read_bytes()
+    monkeypatch.setattr(evaluate, "stsb_spearman", lambda *a, **k: float("nan"))
+    with pytest.raises(SystemExit) as e:
+        fit(world, "whitening", "--overwrite")
+    assert e.value.code == 2 and "is nan" in capsys.readouterr().err and world["out"].read_bytes() == before
+
+
+@pytest.mark.parametrize("loss", ["whitening", "flow"])
+def test_a_fitted_map_records_the_pooling_it_was_fitted_on(world, loss):
+    fit(world, loss, "--pooling", "mean", *(["--batch-size", "8", "--max-steps", "2"] if loss == "flow" else []))
+    meta = checkpoint.read_metadata(world["out"])
+    assert meta["pooling"] == "mean" == meta["args"]["eval_pooling"]
+
+
+def test_a_full_disk_while_saving_a_fit_is_one_line(world, capsys, monkeypatch):
+    def full(*a, **k):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(checkpoint, "save_checkpoint", full)
+    with pytest.raises(SystemExit) as e:
+        fit(world, "whitening")
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "No space left on device" in err and len(err.strip().splitlines()) == 1
+    assert not world["out"].exists()
