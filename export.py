@@ -32,7 +32,9 @@ def export(src, out_dir, force=False):
     """Write a checkpoint (or a model folder / name) to out_dir: config.json + model.safetensors + tokenizer files
     for transformers, modules.json + CLS Pooling for sentence-transformers, and a README.md. An existing non-empty
     out_dir is replaced only with force. Holds checkpoint.output_lock(out_dir) throughout; returns out_dir as a Path."""
-    out = Path(os.path.abspath(out_dir))  # no '.' or '..' as a folder name: the temp names are built from it
+    # no '.' or '..' as a folder name (the temp names are built from it); a symlinked OUT_DIR: its target folder is
+    # replaced, the link stays a link (a swap of the link itself would leave the old folder behind under a temp name)
+    out = Path(os.path.realpath(out_dir))
     out.parent.mkdir(parents=True, exist_ok=True)
     with checkpoint.output_lock(out):
         checkpoint.clean_leftovers(out)  # what an export killed mid-way left here (and the old folder, if it was set aside)
@@ -138,6 +140,9 @@ def whitening_dense(path, meta, pooling, st_pooling):
     p = checkpoint.TRANSFORM_PREFIX
     t = checkpoint.read_tensors(path)
     mu, W = t[p + "mu"].double(), t[p + "W"].double()
+    if not (torch.isfinite(mu).all() and torch.isfinite(W).all()):
+        raise LoadError(f"{path}: its whitening (transform.mu / transform.W) holds NaN or inf; refusing to export it "
+                        "as a Dense layer (fit it again: python train.py --loss whitening)")
     H, K = W.shape
     weights = {"linear.weight": W.T.float().contiguous(), "linear.bias": (-mu @ W).float()}
     return [{"idx": 2, "name": "2", "path": "2_Dense", "type": "sentence_transformers.models.Dense"}], {
