@@ -375,8 +375,8 @@ def get_args(argv=None):
     a("--ffn", type=pos(), default=None, help="feed-forward size (default 4 x hidden)")
     a("--max-len", type=pos(int, 3), default=128, help="tokens per sentence, [CLS]/[SEP] included; also the model's "
       "max_position_embeddings (default %(default)s)")
-    a("--steps", type=pos(), default=2000, help="optimizer steps (default %(default)s: about 4M tokens, 2.6 passes over "
-      "the text; 40 to 70 min of a 2-core CPU)")
+    a("--steps", type=pos(), default=3500, help="optimizer steps (default %(default)s: about 7M tokens, 4.7 passes over "
+      "the text; about an hour of a 2-core CPU)")
     a("--batch-size", type=pos(int, 2), default=128, help="sentences per step (default %(default)s)")
     a("--lr", type=pos(float, 0.0), default=5e-4, help="peak learning rate (default %(default)s)")
     a("--warmup", type=pos(float, 0.0), default=0.1, help="warm-up, a fraction of --steps (default %(default)s)")
