@@ -139,6 +139,16 @@ def read_tensors(path):
         raise LoadError(f"{path}: not a valid safetensors file ({e}); re-download or re-create it") from None
 
 
+def tensor_names(path):
+    """The tensor names of a .safetensors file, from its header alone."""
+    from safetensors import safe_open
+    try:
+        with safe_open(str(path), "pt") as f:
+            return list(f.keys())
+    except Exception as e:
+        raise LoadError(f"{path}: not a valid safetensors file ({e}); re-download or re-create it") from None
+
+
 def read_metadata(path):
     """The metadata of a .safetensors file, with the JSON values our checkpoints store decoded and type-checked."""
     from safetensors import safe_open

@@ -139,7 +139,11 @@ def make_transform(info, tensors):
     """The fitted map a checkpoint records (metadata 'transform', its tensors without the prefix) as a function of the
     pooled vectors, numpy (n, H) -> (n, K) float32."""
     if info.get("kind") == "whitening":
-        mu, W = tensors["mu"], tensors["W"]
+        shapes = {k: tuple(v.shape) for k, v in tensors.items()}
+        mu, W = tensors.get("mu"), tensors.get("W")
+        if set(shapes) != {"mu", "W"} or mu.ndim != 1 or W.ndim != 2 or W.shape[0] != len(mu) \
+                or W.shape[1] != info.get("dim", W.shape[1]):
+            raise ValueError(f"tensors {shapes}, not mu (H,) and W (H, {info.get('dim', 'K')})")
         return lambda x: posthoc.whiten(torch.from_numpy(x), mu, W).float().numpy()
     if info.get("kind") == "flow":
         flow = posthoc.Glow.from_config(info["config"])
@@ -153,18 +157,54 @@ def make_transform(info, tensors):
     raise ValueError(f"unknown transform kind {info.get('kind')!r} (this sgbert knows whitening and flow)")
 
 
+EVAL_POOLINGS = (*bert.POOLINGS, "prompt")  # what a checkpoint's metadata 'pooling' may say
+
+
+def check_metadata(path, meta, tensor_names):
+    """The evaluation keys of a checkpoint's metadata against the schema (checkpoint.META): 'pooling' one that
+    evaluate.py makes, 'template' a valid template, 'transform' present exactly when transform.* tensors are, with the
+    pooling it was fitted on. A LoadError that names the file and the key: never a checkpoint silently scored
+    another way (as plain first-last, say)."""
+    pooling, info = meta.get("pooling"), meta.get("transform")
+    if pooling is not None and pooling not in EVAL_POOLINGS:
+        raise checkpoint.LoadError(f"{path}: metadata 'pooling' is {pooling!r}, not one of {', '.join(EVAL_POOLINGS)}; "
+                                   "re-create the checkpoint with this sgbert's train.py")
+    if "template" in meta:
+        try:
+            prompt.split(meta["template"])
+        except ValueError as e:
+            raise checkpoint.LoadError(f"{path}: metadata 'template' {e}; re-create the checkpoint") from None
+    fitted = [k for k in tensor_names if k.startswith(checkpoint.TRANSFORM_PREFIX)]
+    if fitted and not info:
+        raise checkpoint.LoadError(f"{path}: it holds the tensors {', '.join(sorted(fitted))} of a fitted transform "
+                                   "but no metadata 'transform' saying what they are; re-create it with train.py")
+    if info:
+        args_pooling = (meta.get("args") or {}).get("pooling")
+        if pooling is None or (meta.get("method") in ("whitening", "flow") and args_pooling not in (None, pooling)):
+            raise checkpoint.LoadError(
+                f"{path}: metadata 'pooling' is {pooling!r} but its {info.get('kind')} was fitted on "
+                f"{args_pooling or 'unrecorded'} vectors (metadata 'args'); fit it again with this sgbert's train.py")
+
+
 def load_with_transform(path, device="cpu"):
-    """A checkpoint's model on `device`, and its fitted transform (None when it has none)."""
+    """A checkpoint's model on `device`, and its fitted transform (None when it has none), its metadata checked
+    (check_metadata) and the transform tried on one vector of the model's width."""
     model, meta = bert.Bert.from_pretrained(path).to(device), checkpoint.read_metadata(path)
+    check_metadata(path, meta, checkpoint.tensor_names(path))
     if not meta.get("transform"):
         return model, None
     p = checkpoint.TRANSFORM_PREFIX
     tensors = {k[len(p):]: v for k, v in checkpoint.read_tensors(path).items() if k.startswith(p)}
     try:
-        return model, make_transform(meta["transform"], tensors)
-    except (KeyError, RuntimeError, ValueError, TypeError) as e:
-        raise checkpoint.LoadError(f"{path}: its {meta['transform'].get('kind')} transform cannot be rebuilt ({e}); "
-                                   "was it written by this version of train.py?") from None
+        if not all(torch.isfinite(v).all() for v in tensors.values()):
+            raise ValueError("its tensors hold NaN or inf")
+        transform = make_transform(meta["transform"], tensors)
+        transform(np.zeros((1, model.config.hidden_size), np.float32))  # it takes the model's H-dim vectors
+        return model, transform
+    except (KeyError, RuntimeError, ValueError, TypeError, AttributeError) as e:
+        raise checkpoint.LoadError(f"{path}: its {meta['transform'].get('kind')} transform (metadata 'transform', "
+                                   f"tensors {p}*) cannot be rebuilt ({e}); was it written by this version of "
+                                   "train.py?") from None
 
 
 def progress(msg):

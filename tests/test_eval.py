@@ -18,6 +18,7 @@ import torch
 from scipy.stats import spearmanr
 
 import bert
+import checkpoint
 import data
 import evaluate
 from data import STSB_FILE, DataError
@@ -563,3 +564,49 @@ def test_long_encodings_report_progress_without_flooding(monkeypatch):
         now[0] += 0.5
         counter(done, 10000)
     assert len(lines) == 5 and lines[0] == "  encoding: 1900/10000 sentences, 10 s"  # 50 s: one line per 10 s
+
+
+def whitened_ckpt(tiny_model, path, tensors=None, **meta):
+    """A checkpoint of the tiny model with a whitening's tensors (identity map unless given) and `meta`."""
+    model, tok = bert.Bert.from_pretrained(tiny_model), bert.load_tokenizer(tiny_model)
+    H = model.config.hidden_size
+    tensors = {"transform.mu": torch.zeros(H), "transform.W": torch.eye(H)} if tensors is None else tensors
+    checkpoint.save_checkpoint(path, {**model.tensors(), **tensors},
+                               {"tokenizer": tok.to_str(), "config": model.config.to_dict(), **meta})
+    return path
+
+
+WHITENING = {"kind": "whitening", "dim": 32}
+
+
+@pytest.mark.parametrize("meta, tensors, message", [
+    (dict(pooling="first-lats"), None, "metadata 'pooling' is 'first-lats'"),
+    (dict(pooling="prompt", template="no mask here [X]"), None, "metadata 'template'"),
+    (dict(pooling="first-last"), None, "no metadata 'transform'"),  # transform.* tensors, no 'transform'
+    (dict(pooling="first-last", transform=WHITENING), {"transform.mu": torch.zeros(32), "transform.V": torch.eye(32)},
+     "cannot be rebuilt"),
+    (dict(pooling="first-last", transform=WHITENING), {"transform.mu": torch.zeros(32), "transform.W": torch.eye(16)},
+     "cannot be rebuilt"),
+    (dict(pooling="first-last", transform={"kind": "whitening", "dim": 16}),
+     {"transform.mu": torch.zeros(16), "transform.W": torch.eye(16)}, "cannot be rebuilt"),  # not the model's H
+    (dict(pooling="first-last", transform=WHITENING), {"transform.mu": torch.full((32,), float("nan")),
+                                                       "transform.W": torch.eye(32)}, "NaN"),
+    (dict(pooling="first-last", transform={"kind": "pca"}), None, "cannot be rebuilt"),
+    (dict(transform=WHITENING), None, "metadata 'pooling' is None"),
+    (dict(pooling="first-last", method="whitening", args={"pooling": "mean"}, transform=WHITENING), None,
+     "fitted on mean vectors"),  # the pooling an older train.py recorded for --pooling mean
+])
+def test_checkpoint_metadata_is_checked_against_its_schema(tiny_model, tiny_data, tmp_path, meta, tensors, message):
+    ckpt = whitened_ckpt(tiny_model, tmp_path / "c.safetensors", tensors, **meta)
+    r = run_cli("evaluate.py", "--ckpt", str(ckpt), "--data-dir", str(tiny_data[0]), "--tasks", "STS13")
+    last = assert_one_line_error(r, message, str(ckpt))
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, last
+
+
+def test_a_well_formed_whitening_checkpoint_is_scored(tiny_model, tiny_data, tmp_path):
+    ckpt = whitened_ckpt(tiny_model, tmp_path / "c.safetensors", pooling="mean", method="whitening",
+                         args={"pooling": "mean"}, transform=WHITENING)
+    plain = tiny_ckpt(tiny_model, tmp_path / "p.safetensors", pooling="mean")
+    common = ["--data-dir", str(tiny_data[0]), "--tasks", "STS13"]
+    score = [evaluate.main(["--ckpt", str(c), *common])["sts"]["STS13"] for c in (ckpt, plain)]
+    assert score[0] == score[1]  # the identity map: the plain checkpoint's numbers
