@@ -29,6 +29,34 @@ def shared_data():
     return d
 
 
+# -----------------------------------------------------------------------------
+# tolerances of float comparisons
+#
+# Two correct computations of the same quantity that add their terms in different orders (BLAS kernels, thread
+# counts, eager vs SDPA attention, our BERT vs transformers') differ by rounding alone. A length-K dot product in a
+# float type of unit roundoff eps has an error of about eps * sqrt(K) * |terms| (rounding errors as a random walk:
+# Higham, "Accuracy and Stability of Numerical Algorithms", 2nd ed., section 2.8), so a comparison of such results
+# gets atol = C_ROUNDING * eps * sqrt(K) * max|value|: K the longest reduction on the way (a BERT layer: its
+# intermediate_size), max|value| the scale of what is compared. C_ROUNDING = 2 was chosen from measurement:
+# all-MiniLM-L6-v2's hidden states against transformers' in fp32 stay below 0.2 eps sqrt(K) max|h| at 1, 2 and 4
+# threads, so 2 leaves a 10x margin for other CPUs, while a real bug (tanh GELU for erf, a missing mask, a swapped
+# LayerNorm) is 1e-3 of the scale or more, far above it. A check that must be exact to the last bits is run in
+# float64 as well, where the same bound is 1e-13 of the scale.
+C_ROUNDING = 2.0
+EPS = {"float32": 2.0 ** -23, "float64": 2.0 ** -52}  # torch.finfo(dtype).eps
+
+
+def rounding_atol(ref, K, dtype="float32"):
+    """Absolute tolerance for comparing with `ref` (a tensor or array) a result that a correct computation gives in
+    another summation order: C_ROUNDING * eps(dtype) * sqrt(K) * max(1, max|ref|) (see above; values near 0 keep the
+    floor of a unit scale)."""
+    import math
+
+    import numpy as np
+    scale = float(np.abs(np.asarray(ref.detach().cpu() if hasattr(ref, "detach") else ref, dtype=np.float64)).max(initial=1))
+    return C_ROUNDING * EPS[dtype] * math.sqrt(K) * scale
+
+
 TINY = dict(vocab_size=120, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
             hidden_act="gelu", hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1,
             max_position_embeddings=64, type_vocab_size=2, layer_norm_eps=1e-12, pad_token_id=0)
