@@ -6,6 +6,7 @@ Floor 0: it imports no project module, and every project module reads and writes
 knows what a BERT is: a checkpoint is named tensors plus the metadata below, and bert.py maps them to a model.
 """
 import glob
+import http.client
 import json
 import math
 import os
@@ -89,8 +90,13 @@ HUB_NAME = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)*", re.ASCII)  # 
 
 
 def download(name, dest):
-    """Fetch config.json, model.safetensors and tokenizer.json (or vocab.txt) from the hub into dest, atomically."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
+    """Fetch config.json, model.safetensors and tokenizer.json (or vocab.txt) from the hub into dest, atomically:
+    each file checked as it arrives (fetch), the folder renamed in only once all of them are."""
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise LoadError(f"model '{name}' is not a local path, and {dest.parent} cannot be created to download it into "
+                        f"({e.strerror or e}): set SG_WEIGHTS to a folder you can write, or pass a model folder") from None
     clean_leftovers(dest)
     tmp = temp_path(dest)
     try:
@@ -116,16 +122,58 @@ def download(name, dest):
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def fetch(url, path):
-    """Stream url to path with a one-line progress display on stderr."""
-    with urllib.request.urlopen(url, timeout=30) as r, open(path, "wb") as f:
-        total, done = int(r.headers.get("Content-Length") or 0), 0
-        while chunk := r.read(1 << 20):
-            f.write(chunk)
-            done += len(chunk)
-            size = f"{done / 1e6:.1f}/{total / 1e6:.1f} MB" if total else f"{done / 1e6:.1f} MB"
-            print(f"\rdownloading {url}: {size}", end="", file=sys.stderr, flush=True)
-    print(file=sys.stderr)
+class BadDownload(OSError):
+    """A file that arrived but is not what was asked for (cut short, an HTML page, a broken header)."""
+
+
+def fetch(url, path, tries=2):
+    """Stream url to path with a one-line progress display on stderr, and check what arrived (check_download). A
+    failed try (a dropped connection, a bad file, a server error) is retried once; an HTTP 4xx is not (a 404 is
+    how the hub says a file is absent). Raises OSError (urllib's errors, BadDownload) when no try gave the file."""
+    for attempt in range(1, tries + 1):
+        try:
+            with urllib.request.urlopen(url, timeout=30) as r, open(path, "wb") as f:
+                total, done = int(r.headers.get("Content-Length") or 0), 0
+                html = "text/html" in (r.headers.get("Content-Type") or "")
+                while chunk := r.read(1 << 20):
+                    html = html or (done == 0 and chunk.lstrip()[:15].lower().startswith((b"<!doctype html", b"<html")))
+                    f.write(chunk)
+                    done += len(chunk)
+                    size = f"{done / 1e6:.1f}/{total / 1e6:.1f} MB" if total else f"{done / 1e6:.1f} MB"
+                    print(f"\rdownloading {url}: {size}", end="", file=sys.stderr, flush=True)
+            print(file=sys.stderr)
+            if html:
+                raise BadDownload(f"{url} sent an HTML page, not the file (a login or error page?)")
+            if total and done != total:
+                raise BadDownload(f"{url}: {done} of the {total} bytes announced arrived")
+            return check_download(url, path)
+        except urllib.error.HTTPError as e:
+            if e.code < 500 or attempt == tries:
+                raise
+        except (OSError, http.client.HTTPException) as e:  # URLError, a timeout, a cut connection, BadDownload
+            if attempt == tries:
+                raise e if isinstance(e, OSError) else BadDownload(f"{url}: {type(e).__name__} {e}") from None
+            print(f"{url}: {e}; retrying once", file=sys.stderr)
+
+
+def check_download(url, path):
+    """A fetched file is what its name says: a .json parses, a .safetensors has a header whose tensors fill the file
+    exactly (safetensors' layout: 8-byte little-endian header size, the JSON header, the data). BadDownload if not."""
+    try:
+        if path.suffix == ".json":
+            json.loads(path.read_bytes())
+        elif path.suffix == ".safetensors":
+            size = path.stat().st_size
+            with open(path, "rb") as f:
+                n = int.from_bytes(f.read(8), "little")
+                if not 2 <= n <= size - 8:
+                    raise ValueError(f"header size {n} in a file of {size} bytes")
+                header = json.loads(f.read(n))
+            ends = [v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"]
+            if max(ends, default=0) != size - 8 - n:
+                raise ValueError(f"its tensors end at byte {max(ends, default=0)} of {size - 8 - n}")
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError) as e:  # JSONDecodeError is a ValueError
+        raise BadDownload(f"{url}: not a valid {path.suffix[1:]} file ({e})") from None
 
 # -----------------------------------------------------------------------------
 # safetensors checkpoints

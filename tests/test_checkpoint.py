@@ -216,3 +216,90 @@ def test_checkpoint_written_before_the_layout_change_still_loads(tmp_path):
     for pooling in ("cls", "mean", "first-last"):
         got = bert.encode(model, tok, fixture["sentences"], pooling)
         assert np.array_equal(got, bert.encode(ref, by_hand, fixture["sentences"], pooling)), pooling
+
+
+class FakeHub(http.server.BaseHTTPRequestHandler):
+    """The hub's layout, /org/tiny/resolve/main/FILE, from `files` {name: bytes}, each served as `how`[name] says:
+    'ok', 'short' (a Content-Length 100 bytes past the body), 'html' (a 200 page of HTML), or a list of those, one
+    per request."""
+    files, how, requests = {}, {}, []
+
+    def do_GET(self):
+        name = self.path.rsplit("/", 1)[-1]
+        FakeHub.requests.append(name)
+        if name not in self.files:
+            self.send_error(404)
+            return
+        way = self.how.get(name, "ok")
+        way = way.pop(0) if isinstance(way, list) else way
+        body = b"<!DOCTYPE html><html><body>Sign in</body></html>" if way == "html" else self.files[name]
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html" if way == "html" else "application/octet-stream")
+        self.send_header("Content-Length", str(len(body) + (100 if way == "short" else 0)))
+        self.end_headers()
+        self.wfile.write(body)
+        self.close_connection = True
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def hub(tiny_folder, tmp_path, monkeypatch):
+    """A fake hub on 127.0.0.1 serving the tiny model as org/tiny; weights/ in tmp_path."""
+    for k in ("http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY"):
+        monkeypatch.delenv(k, raising=False)
+    FakeHub.files = {f: (tiny_folder / f).read_bytes() for f in ("config.json", "model.safetensors")}
+    FakeHub.files["vocab.txt"] = write_vocab(tmp_path / "vocab.txt").read_bytes()
+    FakeHub.how, FakeHub.requests = {}, []
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), FakeHub)
+    server.timeout = 5
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setattr(checkpoint, "HF_ENDPOINT", f"http://127.0.0.1:{server.server_port}")
+    monkeypatch.setattr(checkpoint, "WEIGHTS", tmp_path / "weights")
+    yield FakeHub
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.mark.parametrize("file, how, message", [
+    ("model.safetensors", "short", "of the"),  # cut short: fewer bytes than its Content-Length
+    ("model.safetensors", "html", "HTML page"),  # a login page served with 200
+    ("config.json", "html", "HTML page"),
+    ("model.safetensors", "garbage", "not a valid safetensors file"),  # a header that does not parse
+    ("model.safetensors", "cut", "not a valid safetensors file"),  # a well-formed header, the data cut short
+    ("config.json", "garbage", "not a valid json file"),
+])
+def test_a_bad_download_never_reaches_weights(hub, tmp_path, file, how, message):
+    if how == "garbage":
+        hub.files[file] = b"\x10\x00\x00\x00\x00\x00\x00\x00{not json at all"
+    elif how == "cut":
+        hub.files[file] = hub.files[file][:-64]  # announced in full (Content-Length matches), the tensors are not
+    else:
+        hub.how[file] = how
+    with pytest.raises(LoadError, match=message) as e:
+        Bert.from_pretrained("org/tiny")
+    assert "org/tiny" in str(e.value) and "\n" not in str(e.value)
+    assert hub.requests.count(file) == 2  # retried once
+    assert not (tmp_path / "weights" / "org" / "tiny").exists() and not list((tmp_path / "weights" / "org").iterdir())
+
+
+def test_a_download_that_fails_once_is_retried(hub, tmp_path, tiny_folder):
+    hub.how["model.safetensors"] = ["short", "ok"]
+    m = Bert.from_pretrained("org/tiny")
+    assert hub.requests.count("model.safetensors") == 2
+    assert (tmp_path / "weights/org/tiny/model.safetensors").read_bytes() == (tiny_folder / "model.safetensors").read_bytes()
+    assert torch.equal(m.embeddings.word_embeddings.weight, Bert.from_pretrained(tiny_folder).embeddings.word_embeddings.weight)
+
+
+def test_a_weights_folder_that_cannot_be_made_is_one_line(tmp_path, monkeypatch):
+    (tmp_path / "file").write_text("not a folder")
+    monkeypatch.setattr(checkpoint, "WEIGHTS", tmp_path / "file" / "weights")
+    monkeypatch.setattr(checkpoint, "HF_ENDPOINT", "http://127.0.0.1:9")
+    with pytest.raises(LoadError, match="cannot be created to download it into .*set SG_WEIGHTS"):
+        Bert.from_pretrained("org/tiny")
+    r = subprocess.run([sys.executable, "evaluate.py", "--model", "org/tiny", "--tasks", "STS12"], cwd=ROOT, timeout=120,
+                       capture_output=True, text=True, env={**os.environ, "SG_WEIGHTS": str(tmp_path / "file" / "w"),
+                                                             "HF_ENDPOINT": "http://127.0.0.1:9"})
+    assert r.returncode == 2 and "Traceback" not in r.stderr and "set SG_WEIGHTS" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
