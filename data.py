@@ -53,11 +53,20 @@ def how_to_get(d):
             f"senteval/ (SentEval's processed data/downstream/ folder, e.g. SimCSE's senteval.tar) and {STSB_FILE}")
 
 
+def data_dir_from(arg=None):
+    """The one rule for where the data folder is, for every tool and the tests: arg (--data-dir), else $SG_DATA, else
+    ./data. -> (the folder, which of the three named it), whether or not it holds anything yet."""
+    if arg:
+        return Path(arg), "--data-dir"
+    if os.environ.get("SG_DATA"):
+        return Path(os.environ["SG_DATA"]), "$SG_DATA"
+    return Path("data"), "the default ./data"
+
+
 def resolve_data_dir(arg=None, fetch=True, need_stsb=True):
-    """The data folder: arg (--data-dir), else $SG_DATA, else ./data. When it lacks senteval/ or (need_stsb: training
-    on STS-B's sentences) stsbenchmark.tsv.gz, fetch it (fetch=True) or raise DataError saying where we looked and how
-    to get it."""
-    d = Path(arg or os.environ.get("SG_DATA") or "data")
+    """The data folder (data_dir_from). When it lacks senteval/ or (need_stsb: training on STS-B's sentences)
+    stsbenchmark.tsv.gz, fetch it (fetch=True) or raise DataError saying where we looked and how to get it."""
+    d, source = data_dir_from(arg)
     if d.exists() and not d.is_dir():
         raise DataError(f"data folder {d} is a file: give the folder that holds senteval/ and {STSB_FILE}")
     if (d / "senteval").is_dir() and ((d / STSB_FILE).is_file() or not need_stsb):
@@ -66,7 +75,6 @@ def resolve_data_dir(arg=None, fetch=True, need_stsb=True):
         print(f"data folder {d} lacks senteval/ or {STSB_FILE}: downloading them", file=sys.stderr)
         download(d)
         return d
-    source = "--data-dir" if arg else "$SG_DATA" if os.environ.get("SG_DATA") else "the default ./data"
     raise DataError(f"no data at {d.resolve()} (from {source}): {how_to_get(d)}")
 
 # -----------------------------------------------------------------------------
@@ -433,7 +441,7 @@ if __name__ == "__main__":
     if not args.download:
         checkpoint.die("nothing to do: pass --download (and --data-dir DIR, else $SG_DATA, else ./data)")
     try:
-        download(Path(args.data_dir or os.environ.get("SG_DATA") or "data"))
+        download(data_dir_from(args.data_dir)[0])
     except DataError as e:
         checkpoint.die(e)
     except KeyboardInterrupt:  # the download's temp folder is removed on the way out; the data folder is untouched

@@ -1,5 +1,4 @@
 """Shared test helpers: the real checkpoint, the data folder and a tiny random BERT config."""
-import os
 import sys
 from pathlib import Path
 
@@ -20,13 +19,31 @@ def minilm_path():
     return Path(g.get_model_path())
 
 
+NO_DATA = "real data: "  # how a skip for want of the data folder begins (pytest_terminal_summary counts them)
+
+
 @pytest.fixture(scope="session")
 def shared_data():
-    """The real data folder: $SG_DATA, else ../shared/data beside the repo."""
-    d = Path(os.environ.get("SG_DATA") or ROOT.parent / "shared" / "data")
-    if not (d / "senteval").is_dir():
-        pytest.skip(f"real data folder not found at {d} (set SG_DATA to the folder holding senteval/)")
-    return d
+    """The real data folder, found exactly as the tools find it (data.resolve_data_dir: --data-dir, else $SG_DATA,
+    else ./data), never downloaded here; the tests that need it are skipped without it."""
+    import data
+    try:
+        return data.resolve_data_dir(None, fetch=False)
+    except data.DataError as e:
+        pytest.skip(f"{NO_DATA}{e}")
+
+
+def pytest_terminal_summary(terminalreporter):
+    """One line at the end when tests were skipped for want of the data folder: how many, where we looked, what to do."""
+    skipped = [r for r in terminalreporter.stats.get("skipped", [])
+               if isinstance(r.longrepr, tuple) and r.longrepr[2].removeprefix("Skipped: ").startswith(NO_DATA)]
+    if skipped:
+        import data
+        d, source = data.data_dir_from()
+        terminalreporter.write_line(
+            f"{len(skipped)} real-data test(s) skipped: no data folder at {d.resolve()} (from {source}); set SG_DATA to "
+            f"the folder holding senteval/ and {data.STSB_FILE} (e.g. SG_DATA=../shared/data), or fetch it with "
+            f"`python data.py --download`", yellow=True)
 
 
 # -----------------------------------------------------------------------------
@@ -53,7 +70,8 @@ def rounding_atol(ref, K, dtype="float32"):
     import math
 
     import numpy as np
-    scale = float(np.abs(np.asarray(ref.detach().cpu() if hasattr(ref, "detach") else ref, dtype=np.float64)).max(initial=1))
+    ref = ref.detach().cpu().double().numpy() if hasattr(ref, "detach") else np.asarray(ref, dtype=np.float64)
+    scale = float(np.abs(ref).max(initial=1))
     return C_ROUNDING * EPS[dtype] * math.sqrt(K) * scale
 
 

@@ -68,3 +68,32 @@ def test_training_data_suffix_tabs_and_folders(tmp_path, capsys):
     assert "warning" not in capsys.readouterr().err
     with pytest.raises(data.DataError, match="is a folder"):
         data.training_sentences(str(tmp_path))
+
+
+def test_one_rule_finds_the_data_folder(tmp_path, monkeypatch):
+    """--data-dir, else $SG_DATA, else ./data: the tools (resolve_data_dir) and the tests (conftest.shared_data) alike."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("SG_DATA", raising=False)
+    assert data.data_dir_from() == (data.Path("data"), "the default ./data")
+    monkeypatch.setenv("SG_DATA", str(tmp_path / "env"))
+    assert data.data_dir_from() == (tmp_path / "env", "$SG_DATA")
+    assert data.data_dir_from(str(tmp_path / "arg")) == (tmp_path / "arg", "--data-dir")
+    with pytest.raises(DataError, match=r"no data at .*env \(from \$SG_DATA\)"):
+        data.resolve_data_dir(fetch=False)
+
+
+def test_skipped_real_data_tests_are_summed_up_in_one_line(tmp_path):
+    """Without the data folder the real-data tests are skipped, and the run ends with one line saying how many, where
+    it looked and how to point at the data."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    test = Path(__file__).parent / "test_eval.py"
+    env = {k: v for k, v in os.environ.items() if k != "SG_DATA"}
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"{test}::test_real_data_counts"],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "1 skipped" in r.stdout, r.stdout + r.stderr
+    line = [x for x in r.stdout.splitlines() if "real-data test" in x]
+    assert len(line) == 1 and f"no data folder at {tmp_path / 'data'} (from the default ./data)" in line[0], r.stdout
+    assert "SG_DATA" in line[0] and "python data.py --download" in line[0]
