@@ -53,7 +53,7 @@ import data
 from checkpoint import LoadError, die
 
 STATE_KEYS = ("name", "layers", "hidden", "heads", "ffn", "max_len", "steps", "batch_size", "lr", "warmup",
-              "weight_decay", "clip", "dropout", "mask_prob", "seed", "threads", "device")  # what a resume must match
+              "weight_decay", "clip", "dropout", "mask_prob", "seed", "threads", "device", "text")  # what a resume must match
 
 # -----------------------------------------------------------------------------
 # the text
@@ -79,17 +79,23 @@ def evaluation_sentences(data_dir):
     return out
 
 
-def corpus(data_dir):
+def corpus(data_dir, text=None):
     """(sentences, sources): the pretraining text in a fixed order, each distinct sentence once, none of them an
-    evaluation sentence; sources = [{name, read, kept}] per source, for the record."""
-    d = Path(data_dir)
-    stsb = [s for r in data.read_stsb_tsv(d / data.STSB_FILE) if r[0] in ("train", "dev") for s in r[6:8]]
-    parts = [("STS-B train+dev (stsbenchmark.tsv.gz)", stsb)]
-    for task in data.TRANSFER:
-        splits = data.load_transfer(task, d)
-        parts.append((f"SentEval {task}", [s for x, _ in splits.values() for e in x
-                                           for s in (e if isinstance(e, tuple) else (e,))]))
-    banned, seen = evaluation_sentences(d), set()
+    evaluation sentence (when data_dir is given); sources = [{name, read, kept}] per source, for the record.
+    text: a file of one sentence per line, in place of the shared data's text."""
+    d = data_dir and Path(data_dir)
+    if text:
+        if Path(text).suffix.lower() == ".tsv":
+            raise data.DataError(f"--text {text}: give a text file of one sentence per line (a .tsv is read as pairs)")
+        parts = [(f"--text {Path(text).name}", data.training_sentences(text))]
+    else:
+        stsb = [s for r in data.read_stsb_tsv(d / data.STSB_FILE) if r[0] in ("train", "dev") for s in r[6:8]]
+        parts = [("STS-B train+dev (stsbenchmark.tsv.gz)", stsb)]
+        for task in data.TRANSFER:
+            splits = data.load_transfer(task, d)
+            parts.append((f"SentEval {task}", [s for x, _ in splits.values() for e in x
+                                               for s in (e if isinstance(e, tuple) else (e,))]))
+    banned, seen = evaluation_sentences(d) if d else set(), set()
     sentences, sources = [], []
     for name, texts in parts:
         kept = 0
@@ -296,9 +302,9 @@ def load_state(torch, path, model, head, optimizer, args):
         optimizer.load_state_dict(blob["optimizer"])
     except Exception as e:  # a torn or foreign file: say which and what to do
         die(f"{path}: cannot resume from it ({type(e).__name__}: {str(e)[:120]}); remove it or pass --fresh")
-    if blob["args"] != identity(args):
-        old = blob["args"]
-        diff = ", ".join(f"--{k.replace('_', '-')} {old.get(k)}" for k in STATE_KEYS if old.get(k) != getattr(args, k))
+    old = blob["args"]
+    diff = ", ".join(f"--{k.replace('_', '-')} {old.get(k)}" for k in STATE_KEYS if old.get(k) != getattr(args, k))
+    if diff:
         die(f"{path} is the state of a run with other flags ({diff}); re-run with those flags to resume it, "
             "or pass --fresh to start over")
     print(f"resuming from step {blob['step']} ({path})", flush=True)
@@ -369,6 +375,8 @@ def get_args(argv=None):
       "bert-base-uncased's 30,522-entry uncased WordPiece; auto (default): weights/bert-base-uncased, else the "
       "packaged all-MiniLM-L6-v2 (the same vocabulary)")
     a("--data-dir", help="data folder with senteval/ and stsbenchmark.tsv.gz (default $SG_DATA, else ./data)")
+    a("--text", help="pretrain on this UTF-8 file, one sentence per line, instead of the data folder's text (its "
+      "evaluation sentences are still removed when the data folder is found)")
     a("--layers", type=pos(), default=4, help="encoder layers (default %(default)s: BERT-Mini)")
     a("--hidden", type=pos(), default=256, help="hidden size (default %(default)s)")
     a("--heads", type=pos(), default=4, help="attention heads (default %(default)s)")
@@ -447,8 +455,14 @@ def prepare(torch, bert, args):
     """Everything but the model: the text, its tokens, the held-out split, the data order."""
     tok, tok_name = find_tokenizer(bert, args.tokenizer)
     try:
-        data_dir = data.resolve_data_dir(args.data_dir, fetch=False)
-        sentences, sources = corpus(data_dir)
+        data_dir = data.resolve_data_dir(args.data_dir, fetch=False, need_stsb=not args.text)
+    except data.DataError as e:
+        if not args.text:
+            die(e)
+        data_dir = None
+        print(f"note: no data folder ({e}); the evaluation sentences are not removed from --text", file=sys.stderr)
+    try:
+        sentences, sources = corpus(data_dir, args.text)
     except data.DataError as e:
         die(e)
     tok.enable_truncation(max_length=args.max_len)
@@ -469,7 +483,7 @@ def prepare(torch, bert, args):
     run["order"] = Mapped(order, train_idx)
     text = {"sources": sources, "sentences": len(sentences), "tokens": tokens, "train_sentences": len(train_idx),
             "train_tokens": train_tokens, "held_out_sentences": len(held), "tokenizer": tok_name,
-            "left_out": "every sentence of STS12-16 (scored or not), STS-B test and SICK-R test"}
+            "left_out": "every sentence of STS12-16 (scored or not), STS-B test and SICK-R test" if data_dir else "nothing"}
     return run, text
 
 

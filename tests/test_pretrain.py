@@ -1,0 +1,149 @@
+"""pretrain.py against its oracles: BERT's masking statistics, transformers' BertForMaskedLM on the written folder,
+a loss that falls on one repeated batch, a killed-and-resumed run equal to an uninterrupted one, and a corpus that
+holds no evaluation sentence (checked against the STS and SICK files themselves)."""
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import bert
+import checkpoint
+import pretrain
+
+SMALL = ["--layers", "2", "--hidden", "32", "--heads", "2", "--batch-size", "8", "--threads", "1", "--log-every", "2"]
+
+
+@pytest.fixture
+def text_file(tmp_path):
+    words = "the a man woman dog cat plays runs on in guitar piano park street red blue small big old new".split()
+    g = torch.Generator().manual_seed(0)
+    lines = [" ".join(words[i] for i in torch.randint(len(words), (int(n),), generator=g).tolist())
+             for n in torch.randint(3, 12, (300,), generator=g)]
+    f = tmp_path / "text.txt"
+    f.write_text("\n".join(lines) + "\n")
+    return f
+
+
+@pytest.fixture
+def weights(tmp_path, monkeypatch):
+    monkeypatch.setattr(checkpoint, "WEIGHTS", tmp_path / "weights")
+    return tmp_path / "weights"
+
+
+def run(name, text, tokenizer, *extra):
+    return pretrain.main(["--name", name, "--text", str(text), "--tokenizer", str(tokenizer), *SMALL, *extra])
+
+
+def test_masking_statistics():
+    B, T, n = 4000, 40, 30  # n real tokens per row: [CLS], 28 words, [SEP]; then padding
+    ids = torch.randint(1000, 2000, (B, T))
+    ids[:, 0], ids[:, n - 1], ids[:, n:] = 101, 102, 0
+    mask = (torch.arange(T) < n).long().expand(B, T)
+    special = torch.tensor([0, 101, 102])
+    inputs, rows, labels = pretrain.mask_tokens(torch, ids, mask, special, 30522, 103, 0.15,
+                                                torch.Generator().manual_seed(0))
+    eligible = B * (n - 2)
+    assert abs(len(rows) / eligible - 0.15) < 0.003  # 3 sigma of a Binomial(112,000, 0.15) is 0.0032
+    assert torch.equal(labels, ids.flatten()[rows])
+    assert not torch.isin(labels, special).any(), "a special token or padding was chosen"
+    chosen = torch.zeros(B * T, dtype=torch.bool)
+    chosen[rows] = True
+    assert torch.equal(inputs.flatten()[~chosen], ids.flatten()[~chosen]), "an unchosen token changed"
+    got = inputs.flatten()[rows]
+    to_mask = (got == 103).float().mean().item()
+    kept = (got == labels).float().mean().item()  # 10% kept + the random draws that hit the same token (~3e-5)
+    assert abs(to_mask - 0.8) < 0.01 and abs(kept - 0.1) < 0.008 and abs(1 - to_mask - kept - 0.1) < 0.008
+
+
+def test_written_folder_is_a_bert_for_masked_lm(minilm_path, text_file, weights):
+    transformers = pytest.importorskip("transformers")
+    record = run("tiny", text_file, minilm_path, "--steps", "4")
+    folder = weights / "tiny"
+    assert record["sha256"]["model.safetensors"] == pretrain.sha256(folder / "model.safetensors")
+    assert json.loads((folder / "pretrain.json").read_text())["sha256"] == record["sha256"]
+    keys = set(checkpoint.read_tensors(folder / "model.safetensors"))
+    assert all(k.startswith(("bert.", "cls.predictions.")) for k in keys) and "cls.predictions.bias" in keys
+    cfg = json.loads((folder / "config.json").read_text())
+    assert (cfg["hidden_dropout_prob"], cfg["max_position_embeddings"], cfg["vocab_size"]) == (0.1, 128, 30522)
+    ours = bert.Bert.from_pretrained(folder).double()  # the BertForPreTraining key map: raises on any stray key
+    head = pretrain.make_head(torch, ours.config).double()
+    head.load_state_dict({k.removeprefix("cls.predictions."): v for k, v in
+                          checkpoint.read_tensors(folder / "model.safetensors").items() if k.startswith("cls.")})
+    theirs = transformers.BertForMaskedLM.from_pretrained(str(folder), attn_implementation="eager").double().eval()
+    tok = bert.load_tokenizer(folder)
+    ids, mask = bert.batch_tensors(tok.encode_batch(["a man plays the guitar .", "hello", "the red dog runs in a park"]))
+    with torch.no_grad():  # float64 on both sides: what is left is the implementations' difference, not float order
+        want = theirs(input_ids=ids, attention_mask=mask).logits[mask.bool()]
+        got = pretrain.mlm_logits(ours.eval(), head, ids, mask).view(*ids.shape, -1)[mask.bool()]
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-9)
+
+
+def test_one_repeated_batch_is_learned(minilm_path, text_file):
+    args = pretrain.get_args(["--text", str(text_file), "--tokenizer", str(minilm_path), *SMALL, "--lr", "3e-3"])
+    args.device = "cpu"
+    run_, _ = pretrain.prepare(torch, bert, args)
+    model, head, optimizer = pretrain.build(torch, bert, args, run_["vocab_size"])
+    batch = pretrain.step_batch(torch, bert, run_, run_["order"].batch(0), run_["order"].generator(0))
+    losses = []
+    for _ in range(30):
+        loss = torch.nn.functional.cross_entropy(pretrain.mlm_logits(model, head, *batch[:3]), batch[3])
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.5 * losses[0], losses
+
+
+def test_killed_run_resumes_bit_identical(minilm_path, text_file, weights, monkeypatch):
+    steps = ["--steps", "7", "--save-every", "3", "--dropout", "0.1"]  # dropout on: its draws must resume too
+    whole = run("whole", text_file, minilm_path, *steps)
+    real, calls = pretrain.mlm_logits, []
+
+    def killed_at_step_6(*a, **k):  # a SIGKILL after the state of step 6 was saved, in the middle of step 7
+        calls.append(1)
+        if len(calls) == 7:
+            raise SystemExit("killed")
+        return real(*a, **k)
+    monkeypatch.setattr(pretrain, "mlm_logits", killed_at_step_6)
+    with pytest.raises(SystemExit):
+        run("cut", text_file, minilm_path, *steps)
+    assert (weights / ".cut.pretrain-state.pt").exists() and not (weights / "cut").exists()
+    monkeypatch.setattr(pretrain, "mlm_logits", real)
+    again = run("cut", text_file, minilm_path, *steps)
+    assert again["sha256"] == whole["sha256"]
+    assert not (weights / ".cut.pretrain-state.pt").exists(), "the resume state outlived the finished run"
+
+
+def test_refusals_are_one_line(minilm_path, text_file, weights, capsys):
+    run("m", text_file, minilm_path, "--steps", "2")
+    with pytest.raises(SystemExit) as e:
+        run("m", text_file, minilm_path, "--steps", "2")
+    assert e.value.code == 2 and "pass --overwrite" in capsys.readouterr().err
+    (weights / ".n.pretrain-state.pt").write_bytes(b"not a state")
+    with pytest.raises(SystemExit) as e:
+        run("n", text_file, minilm_path, "--steps", "2")
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and "--fresh" in err and len(err.splitlines()) == 1
+    with pytest.raises(SystemExit) as e:
+        pretrain.main(["--hidden", "30", "--heads", "4"])
+    assert e.value.code == 2 and "multiple of --heads" in capsys.readouterr().err
+
+
+def test_corpus_holds_no_evaluation_sentence(shared_data):
+    sentences, sources = pretrain.corpus(shared_data)
+    norm = pretrain.normal
+    # the evaluation sentences, read here from the files themselves (not through data.py's loaders)
+    evaluation = set()
+    for f in (shared_data / "senteval" / "STS").glob("STS1[2-6]-en-test/STS.input.*.txt"):
+        evaluation |= {norm(s) for line in f.read_text(encoding="utf-8").split("\n") for s in line.split("\t")}
+    for line in (shared_data / "senteval" / "STS" / "STSBenchmark" / "sts-test.csv").read_text("utf-8").split("\n"):
+        evaluation |= {norm(s) for s in line.split("\t")[5:7]}
+    sick = (shared_data / "senteval" / "SICK" / "SICK_test_annotated.txt").read_text("utf-8-sig").split("\n")[1:]
+    evaluation |= {norm(s) for line in sick for s in line.strip().split("\t")[1:3]}
+    evaluation.discard("")
+    assert len(evaluation) > 20000
+    assert not evaluation & {norm(s) for s in sentences}
+    assert len(sentences) == len({norm(s) for s in sentences}) == sum(s["kept"] for s in sources) > 90000
+    held = [s for s in sentences if pretrain.held_out(s)]
+    assert 0.005 < len(held) / len(sentences) < 0.015
