@@ -46,6 +46,7 @@ META = {
     "config": "JSON: the BertConfig, exactly the config.json keys",
     "tokenizer": "the tokenizers library's JSON of the tokenizer (a string, not decoded)",
     "base_model": "the model the run started from, as the user named it (a folder's own name, never a machine path)",
+    "base_sha256": "the sha256 of the base model's weights file, so that two models of one name are never mixed",
     "method": "train.py --loss: opt, sg, opt1, opt2, consert, simcse, promptbert, whitening, flow",
     "pooling": "how evaluate.py makes the sentence vector: a pooling of bert.POOLINGS, or 'prompt' (PromptBERT: the "
                "[MASK] vector of the sentence inside 'template')",
@@ -69,6 +70,25 @@ def display_name(name_or_path):
     own name ("all-MiniLM-L6-v2", "sg.safetensors"): never this machine's folders."""
     s = str(name_or_path)
     return (Path(s).name or s) if Path(s).is_absolute() or Path(s).exists() else s
+
+
+def weights_sha256(name_or_path):
+    """The sha256 of a model's weights (a folder's model.safetensors, or the .safetensors file itself), what a record
+    names beside the model's name so that no table mixes two models of one name; None when not on this disk (this
+    never downloads)."""
+    p = Path(name_or_path)
+    p = p if p.exists() else WEIGHTS / str(name_or_path)
+    f = p / "model.safetensors" if p.is_dir() else p
+    return file_sha256(f) if f.is_file() else None
+
+
+def file_sha256(path):
+    import hashlib
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def resolve(name_or_path):

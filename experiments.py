@@ -25,6 +25,7 @@ Table 6 (efficiency), Figure 4 (domain robustness), appendix Table 9 (the 8 seed
 """
 import argparse
 import contextlib
+import functools
 import json
 import math
 import os
@@ -41,7 +42,8 @@ from pathlib import Path
 import numpy as np
 
 import data
-from checkpoint import LoadError, OutputLocked, die, display_name, output_lock, temp_path, write_json, write_text
+from checkpoint import (LoadError, OutputLocked, die, display_name, output_lock, temp_path, weights_sha256,
+                        write_json, write_text)
 
 ROOT = Path(__file__).resolve().parent
 PAPER_SEEDS = [1, 2, 3, 4, 1234, 2345, 3456, 7890]  # appendix Table 9
@@ -66,7 +68,6 @@ class Variant:
     paper: dict = field(default_factory=dict)  # {block: "avg" or "avg +- std"}: the paper's figure(s), as printed
     evaluate_only: bool = False  # evaluate.py on the base model: one run (eval.json), no training, no seeds
     seeded: bool = True  # False: a train.py fit no seed changes (whitening): one run (fit.json), no --seed
-    accepts: tuple = None  # the sweep's train.py flags this variant takes (None: all); the rest mean nothing to it
     then: list = field(default_factory=list)  # evaluate.py flags of a second step on the run's checkpoint
 
 
@@ -82,11 +83,8 @@ class Experiment:
     then_seeds: int = 0  # > 0: only the runs of the sweep's first N seeds take their variant's second step
 
 
-# flags of a sweep that a fitted baseline takes: the rest (the contrast's, the optimiser's) train.py refuses for it
-WHITENING_FLAGS = ("--data", "--max-len", "--device", "--precision", "--eval-batch-size", "--log-every")
-FLOW_FLAGS = (*WHITENING_FLAGS, "--max-steps")
-WHITENING = Variant("whitening", ["--loss", "whitening"], seeded=False, accepts=WHITENING_FLAGS)
-FLOW = Variant("flow", ["--loss", "flow"], {"BERT-base": "68.77 +- 0.07", "SBERT-base": "77.42"}, accepts=FLOW_FLAGS)
+WHITENING = Variant("whitening", ["--loss", "whitening"], seeded=False)
+FLOW = Variant("flow", ["--loss", "flow"], {"BERT-base": "68.77 +- 0.07", "SBERT-base": "77.42"})
 SG_OPT = Variant("sg-opt", [], {"BERT-base": "74.62 +- 0.25"})
 SG_OPT_MEAN = ["--pooling", "mean", "--eval-pooling", "mean"]  # ours: c_i = BERT_T's mean-pooled last layer
 TRANSFER_TEXT = "{transfer_text}"  # a --data value: the file transfer_text() writes
@@ -134,7 +132,7 @@ EXPERIMENTS = {
         Variant("wk", ["--pooling", "wk", "--tasks", "STSBenchmark", "--batch-size", "128"],
                 {"inference (s)": "197.03"}, evaluate_only=True),
         WHITENING,
-        Variant("flow", FLOW.flags, {"train (s)": "155.37", "inference (s)": "28.49"}, accepts=FLOW_FLAGS),
+        Variant("flow", FLOW.flags, {"train (s)": "155.37", "inference (s)": "28.49"}),
         Variant("sg-opt", [], {"train (s)": "455.02", "inference (s)": "10.51"}),
     ], "Measured in one sweep on an otherwise idle machine (its runs are never copied from other experiments); "
        "compare the ratios, not the seconds. Train: SG-OPT's training loop, or the fit of whitening and flow (their "
@@ -159,8 +157,7 @@ EXPERIMENTS = {
         Variant("sg-opt", []),
         Variant("sg-opt-transfer-text", ["--data", TRANSFER_TEXT], {"STS-B": "-1.83", "avg": "-1.63"}),
         FLOW,
-        Variant("flow-transfer-text", [*FLOW.flags, "--data", TRANSFER_TEXT], {"STS-B": "-12.16", "avg": "-4.19"},
-                accepts=FLOW_FLAGS),
+        Variant("flow-transfer-text", [*FLOW.flags, "--data", TRANSFER_TEXT], {"STS-B": "-12.16", "avg": "-4.19"}),
     ], "transfer-text: 17,256 sentences (as many as STS-B's) drawn with a fixed seed from the SentEval transfer "
        "tasks MR, CR, SUBJ and MPQA. The paper trained on NLI instead of STS-B; its drops are beside ours.",
        drops={"sg-opt-transfer-text": "sg-opt", "flow-transfer-text": "flow"}, table="drops",
@@ -185,9 +182,8 @@ EXPERIMENTS = {
         *[Variant(n, ["--pooling", n, "--tasks", "all", "--transfer-config", "paper"], {OWN: p}, evaluate_only=True)
           for n, p in (("cls", "31.40 (SG-BERT)"), ("mean", "52.57 (SG-BERT)"), ("first-last", "56.70 (SimCSE)"),
                        ("wk", "25.58 (SG-BERT)"), ("prompt", "67.85 (PromptBERT)"))],
-        Variant("whitening", WHITENING.flags, {OWN: "69.21 (wmean)"}, seeded=False,
-                accepts=WHITENING_FLAGS, then=TRANSFER_PAPER),
-        Variant("flow", FLOW.flags, {OWN: "69.57 (wmean)"}, accepts=FLOW_FLAGS, then=TRANSFER_PAPER),
+        Variant("whitening", WHITENING.flags, {OWN: "69.21 (wmean)"}, seeded=False, then=TRANSFER_PAPER),
+        Variant("flow", FLOW.flags, {OWN: "69.57 (wmean)"}, then=TRANSFER_PAPER),
         Variant("sg", ["--loss", "sg"], {OWN: "72.17"}, then=TRANSFER_PAPER),
         Variant("sg-opt", [], {OWN: "74.62 +- 0.25"}, then=TRANSFER_PAPER),
         Variant("consert", ["--loss", "consert"], {OWN: "72.74"}, then=TRANSFER_PAPER),
@@ -254,6 +250,9 @@ def read_record(path, paths):
         phases = p[-1] == "ms_per_step" and isinstance(x, dict) and all(map(number, x.values()))  # older records
         if not (number(x) or phases):
             return None, f"'{'/'.join(p)}' is missing or not a number"
+    for k in ("dev", "test", "fit_seconds"):  # not needed by every table, but a number where present (never a NaN row)
+        if get(rec, "train", k) is not None and not number(get(rec, "train", k)):
+            return None, f"'train/{k}' is not a number ({get(rec, 'train', k)!r})"
     return rec, None
 
 
@@ -327,18 +326,34 @@ def flag_groups(flags):
 
 
 def sweep_flags(extra, accepts=None, rename=None):
-    """The sweep's flags (extra) that a run takes: those in accepts (None: all), renamed by rename {ours: theirs}
-    (only those, when rename is given)."""
+    """The sweep's flags (extra) that a run takes: those accepts(flag) says it takes (None: all), renamed by rename
+    {ours: theirs} (only those, when rename is given)."""
     out = []
     for g in flag_groups(extra):
         name, eq, value = g[0].partition("=")
-        if accepts is not None and name not in accepts or rename is not None and name not in rename:
+        if accepts is not None and not accepts(name) or rename is not None and name not in rename:
             continue
         out += [(rename or {}).get(name, name) + eq + value, *g[1:]]
     return out
 
 
 EVAL_FLAGS = {"--device": "--device", "--eval-batch-size": "--batch-size"}  # a sweep's flags that evaluate.py takes
+
+
+def takes(v, flag):
+    """Does variant v's train.py run take the sweep's flag (e.g. '--lr')? What methods.py says of v's method: not a
+    flag the method ignores, nor another method's own setting (train.py refuses both). Imported here: list and
+    report need no torch."""
+    import methods
+    loss = next((g[1] for g in flag_groups(v.flags) if g[0] == "--loss" and len(g) > 1), "opt")
+    name = flag.removeprefix("--").replace("-", "_")
+    return name not in methods.METHODS[loss].ignores and methods.OWN_FLAGS.get(name, loss) == loss
+
+
+def untaken(runs, extra):
+    """The sweep's flags that no run of it takes (train.py's by its method, evaluate.py's by EVAL_FLAGS)."""
+    names = [g[0].partition("=")[0] for g in flag_groups(extra) if g[0].startswith("--")]
+    return [f for f in names if not any(f in EVAL_FLAGS if r.v.evaluate_only else takes(r.v, f) for r in runs)]
 
 
 @dataclass
@@ -384,7 +399,7 @@ def commands(run, args, extra, text):
         script, flags = "evaluate.py", [*v.flags, *sweep_flags(extra, rename=EVAL_FLAGS), *data_dir]
     else:
         seed = [] if run.seed is None else ["--seed", str(run.seed)]
-        script, flags = "train.py", [*sweep_flags(extra, v.accepts), *v.flags, *seed, *data_dir]
+        script, flags = "train.py", [*sweep_flags(extra, lambda f: takes(v, f)), *v.flags, *seed, *data_dir]
     key = run_key(args.model, [script, *flags, *(["then", *second] if second else [])], run.seed)
     flags = [str(text) if f == TRANSFER_TEXT else f for f in flags]
     cmd = [sys.executable, str(ROOT / script), "--model", str(args.model), *flags, "--json", str(run.path(".json",
@@ -408,12 +423,34 @@ def run_child(cmd, log):
     proc = None
     with open(log, "a") as f:
         try:
-            proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+            proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True,
+                                    preexec_fn=die_with_parent())
             return proc.wait()
         except BaseException:
             if proc:
                 stop_group(proc)
             raise
+
+
+def die_with_parent():
+    """A preexec_fn: on Linux the child is sent SIGKILL when this process dies, however it dies (prctl
+    PR_SET_PDEATHSIG): a sweep killed with SIGKILL, which no handler sees, leaves no train.py running on; the same
+    command resumes it. None elsewhere. (The signal comes when the thread that started the child ends: run_child
+    waits in that thread.)"""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+    try:
+        prctl, parent = ctypes.CDLL(None, use_errno=True).prctl, os.getpid()  # looked up here, before the fork
+    except (OSError, AttributeError):
+        return None
+
+    def arm():
+        PR_SET_PDEATHSIG = 1
+        prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL))
+        if os.getppid() != parent:  # the sweep died before the line above took effect
+            os._exit(1)
+    return arm
 
 
 def stop_group(proc, grace=10):
@@ -483,6 +520,7 @@ def execute(run, key, cmd, then, tag, t_sweep, trained=None):
     second = results[-1] if then else {}
     rec = {
         "experiment": run.exp, "variant": run.v.name, "seed": run.seed, "key": key, "command": shown(cmd),
+        "model_sha256": model_sha256(cmd[cmd.index("--model") + 1]),  # which weights the model's name meant
         **({"then": shown(then)} if then else {}), "seconds": time.time() - t0, "sts": result.get("sts"),
         **({"trained_as": trained[0].relative_to(run.folder.parents[1]).as_posix()} if trained else {}),  # in out
         "transfer": second.get("transfer") or result.get("transfer"),
@@ -491,6 +529,12 @@ def execute(run, key, cmd, then, tag, t_sweep, trained=None):
     print(f"  {run}: done in {(time.time() - t0) / 60:.1f} min | {headline(rec)} | sweep "
           f"{(time.time() - t_sweep) / 60:.1f} min", flush=True)
     return "ran"
+
+
+@functools.cache
+def model_sha256(model):
+    """The sha256 of the base model's weights, once per sweep (checkpoint.weights_sha256)."""
+    return weights_sha256(model)
 
 
 def headline(rec):
@@ -779,7 +823,7 @@ def report(name, out, plot=None):
         print(bad_record_line(path, why), file=sys.stderr, flush=True)
     if not summary:
         return None
-    lines = [f"## {name}: {exp.title}", "", *TABLES[exp.table](exp, summary)]
+    lines = [f"## {name}: {exp.title}", "", *models_line(name, out), *TABLES[exp.table](exp, summary)]
     lines += [""] + [f"Missing: {p.parent.name}/{p.name} ({why})" for p, why in bad] if bad else []
     none = [v.name for v in exp.variants if v.name not in summary]
     lines += ["", f"No finished runs yet: {', '.join(none)}."] if none else []
@@ -795,6 +839,22 @@ def report(name, out, plot=None):
     if plot:
         plot_drops(exp, summary, plot)
     return summary
+
+
+def models_line(name, out):
+    """Which base model weights the records were measured on, by sha256 (a table must not mix two models of one
+    name); records written before the hash was kept are counted apart."""
+    recs, _ = load_records(name, out)
+    shas = [r.get("model_sha256") for rs in recs.values() for r in rs]
+    known = sorted({s for s in shas if s})
+    if not known:
+        return []
+    line = f"Base model weights: sha256 {', '.join(s[:16] for s in known)}"
+    if len(known) > 1:
+        line += f" (warning: {len(known)} different weights under one model name: these rows are not comparable)"
+        print(f"warning: {out / name}: its records were measured on {len(known)} different base weights", file=sys.stderr)
+    old = shas.count(None)
+    return [line + (f"; {old} older record(s) name none" if old else "") + ".", ""]
 
 
 def plot_drops(exp, summary, path):
@@ -981,6 +1041,10 @@ def main(argv=None):
         die(f"--variants {unknown[0]}: {args.command} has no such variant; choose from {' '.join(names)}")
     if len(set(args.seeds)) < len(args.seeds):
         die(f"--seeds {' '.join(map(str, args.seeds))}: a seed is given twice")
+    idle = untaken(plan(args.command, args.seeds, args.out, args.variants), extra)
+    if idle:
+        die(f"{idle[0]} means nothing for any run of {args.command}" + (" --variants ..." if args.variants else "")
+            + " (train.py refuses it for their methods, evaluate.py does not take it): drop it")
     check_out(args.out)
     data_dir = check_data(args.command, args, extra)
     try:

@@ -324,14 +324,6 @@ def git_sha():
         return "unknown"
 
 
-def sha256(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def write_folder(torch, dest, model, head, tokenizer, record):
     """The model folder, atomically (a temp folder renamed into place): config.json (BERT's dropout 0.1),
     model.safetensors (bert.* and cls.predictions.* keys, fixed byte order), tokenizer.json, vocab.txt, pretrain.json
@@ -350,7 +342,7 @@ def write_folder(torch, dest, model, head, tokenizer, record):
         checkpoint.write_text(tmp / "tokenizer.json", tokenizer.to_str())
         vocab = sorted(tokenizer.get_vocab(with_added_tokens=True).items(), key=lambda kv: kv[1])
         checkpoint.write_text(tmp / "vocab.txt", "".join(w + "\n" for w, _ in vocab))
-        record["sha256"] = {f: sha256(tmp / f) for f in ("model.safetensors", "tokenizer.json")}
+        record["sha256"] = {f: checkpoint.file_sha256(tmp / f) for f in ("model.safetensors", "tokenizer.json")}
         checkpoint.write_json(tmp / "pretrain.json", record)
         if dest.exists():
             shutil.rmtree(dest)  # --overwrite was given (checked at the start)

@@ -2,7 +2,9 @@
 re-running finished runs, shares identical runs across experiments, and its report equals numpy over the run files.
 With fake train.py / evaluate.py scripts (fast): bad records, failing runs, usage errors, signals, locks, two
 sweeps at once, bad flags, and the tables of Table 4, Table 6 and Figure 4 from their records."""
+import contextlib
 import errno
+import hashlib
 import json
 import os
 import re
@@ -502,7 +504,7 @@ def test_table1_has_the_baselines_and_the_paper_protocol_is_uncapped(fake):
     assert cmds["table1/wk/eval"][4:10] == ["--pooling", "wk", "--device", "cpu", "--json",
                                            str(fake.out / "table1/wk/.eval.result.json")]
     capped = experiments.commands(runs[5], args, ["--max-steps", "300", "--batch-size", "4"], None)[1]
-    assert runs[5].v.name == "flow" and capped[4:6] == ["--max-steps", "300"] and "--batch-size" not in capped
+    assert runs[5].v.name == "flow" and capped[4:8] == ["--max-steps", "300", "--batch-size", "4"]  # flow takes both
 
 
 def test_table4_records_hold_the_transfer_results(fake, capsys):
@@ -620,3 +622,95 @@ def test_variants_runs_only_those_rows_and_the_report_shows_every_finished_run(f
     experiments.main(["methods", *fake.argv, "--variants", "simcse"])
     out = capsys.readouterr().out
     assert all(f"| {v} | 2 |" in out for v in ("consert", "simcse", "sg-opt-mean")) and "| promptbert |" not in out
+
+
+def test_report_names_the_base_weights_and_warns_when_two_differ(tmp_path, monkeypatch, capsys):
+    """Records name the sha256 of the base model's weights; a table of records from two weights says so."""
+    use(monkeypatch, Variant("a"), name="h")
+    for seed, sha in ((1, "ab" * 32), (2, "ab" * 32)):
+        record(tmp_path / "h" / "a" / f"seed-{seed}.json", **sts_record(70.0, seed), model_sha256=sha)
+    experiments.report("h", tmp_path)
+    md = (tmp_path / "h" / "results.md").read_text()
+    assert f"sha256 {'ab' * 8}." in md and "warning" not in md
+    record(tmp_path / "h" / "a" / "seed-3.json", **sts_record(70.0, 3), model_sha256="cd" * 32)
+    experiments.report("h", tmp_path)
+    md = (tmp_path / "h" / "results.md").read_text()
+    assert "2 different weights" in md and "2 different base weights" in capsys.readouterr().err
+
+
+def test_a_record_names_the_sha256_of_the_model_it_ran_on(tmp_path):
+    folder = tmp_path / "m"
+    folder.mkdir()
+    (folder / "model.safetensors").write_bytes(b"weights")
+    want = hashlib.sha256(b"weights").hexdigest()
+    assert experiments.model_sha256(str(folder)) == want
+    assert experiments.model_sha256(str(tmp_path / "absent")) is None
+
+
+def test_every_sweep_flag_goes_to_every_row_that_takes_it(fake):
+    """What a row takes is what methods.py says its method takes: --whiten-dim reaches the whitening, --batch-size and
+    --lr the flow, neither the other way round, and --proj-size only the rows with the projection head."""
+    args = SimpleNamespace(model="m", data_dir=None, out=fake.out)
+    extra = ["--whiten-dim", "4", "--batch-size", "8", "--lr", "1e-3", "--proj-size", "16", "--precision", "fp32"]
+    cmds = {r.v.name: experiments.commands(r, args, extra, None)[1][4:]
+            for r in experiments.plan("leaderboard", [1], fake.out)}
+
+    def given(v):
+        return {f for f in cmds[v] if f.startswith("--")} & {"--whiten-dim", "--batch-size", "--lr", "--proj-size",
+                                                             "--precision"}
+    assert given("whitening") == {"--whiten-dim"}
+    assert given("flow") == {"--batch-size", "--lr"}
+    assert given("simcse") == given("consert") == given("promptbert") == {"--batch-size", "--lr", "--precision"}
+    assert given("sg-opt") == {"--batch-size", "--lr", "--proj-size", "--precision"}
+    assert "--batch-size" not in cmds["cls"]  # evaluate.py rows: only --device and --eval-batch-size
+
+
+def test_a_flag_no_run_of_the_sweep_takes_is_refused_in_one_line(fake, capsys):
+    with pytest.raises(SystemExit) as e:
+        experiments.main(["table5", *fake.argv, "--whiten-dim", "4"])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and len(err.splitlines()) == 1
+    assert err.startswith("error: --whiten-dim means nothing for any run of table5") and fake.calls() == []
+
+
+def test_a_record_with_a_nan_fit_time_is_named_and_left_out(fake, monkeypatch, capsys):
+    use(monkeypatch, Variant("whitening", ["--loss", "whitening"], seeded=False), Variant("a"))
+    t = fake.out / "t"
+    rec = sts_record(70)
+    rec["train"]["fit_seconds"] = float("nan")
+    record(t / "whitening/fit.json", **rec)
+    record(t / "a/seed-1.json", **sts_record(71))
+    s = experiments.main(["report", "t", "--out", str(fake.out)])
+    out, err = capsys.readouterr()
+    assert list(s) == ["a"] and not [x for x in out.splitlines() if x.startswith("|") and "nan" in x.lower()]
+    line = next(x for x in err.splitlines() if "whitening/fit.json" in x)
+    assert "'train/fit_seconds' is not a number" in line and "Missing: whitening/fit.json" in out
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_sweep_killed_with_sigkill_leaves_no_run_behind_and_resumes(fake):
+    pids = fake.tmp / "pids"
+    exp = [dict(name="a")]
+    env = {**os.environ, "FAKE_SLEEP": "1", "FAKE_PIDS": str(pids)}
+    p = subprocess.Popen(driver(fake, exp, "--seeds", "1"), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+    for _ in range(600):
+        if pids.exists() and pids.read_text().endswith("\n"):
+            break
+        time.sleep(0.05)
+    child, grandchild = map(int, pids.read_text().split())
+    try:
+        p.kill()  # SIGKILL: no handler runs, nothing stops the group
+        p.communicate(timeout=30)
+        for _ in range(100):
+            if not alive(child):
+                break
+            time.sleep(0.05)
+        assert not alive(child), "the run outlived the sweep that was killed"
+    finally:
+        for pid in (child, grandchild):  # the fake run's own child (it ignores SIGINT) is not the sweep's to end
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    r = subprocess.run(driver(fake, exp, "--seeds", "1"), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.strip().splitlines()[-1] == "t: 1 runs: 1 run now", r.stderr
+    assert (fake.out / "t/a/seed-1.json").exists()
