@@ -293,6 +293,8 @@ def check_checkpoint_path(path, write=False):
     """A checkpoint path (train.py --out, evaluate.py --ckpt) checked before any work: a .safetensors file name, not
     a folder; to read, an existing file; to write, in an existing folder we can write to. Returns it as a Path."""
     p = Path(path)
+    target = Path(os.path.realpath(p)) if str(path).strip() else p  # a symlink is written through (atomic_write)
+    link = f"is a link to {target}, which is " if target != p.absolute() and p.is_symlink() else ""
     if not str(path).strip():
         problem = "is empty"
     elif p.is_dir():
@@ -301,10 +303,10 @@ def check_checkpoint_path(path, write=False):
         problem = "does not end in .safetensors"
     elif not write and not p.is_file():
         problem = "not found"
-    elif write and not p.parent.is_dir():
-        problem = f"is in a folder that does not exist ({p.parent})"
-    elif write and not os.access(p.parent, os.W_OK):
-        problem = f"is in a folder we cannot write to ({p.parent})"
+    elif write and not target.parent.is_dir():
+        problem = f"{link or 'is '}in a folder that does not exist ({target.parent})"
+    elif write and not os.access(target.parent, os.W_OK):
+        problem = f"{link or 'is '}in a folder we cannot write to ({target.parent})"
     else:
         return p
     raise LoadError(f"checkpoint path '{path}' {problem}")

@@ -427,6 +427,9 @@ def load(args):
     L = model.config.num_hidden_layers
     if not -L - 1 <= args.layer <= L:
         die(f"--layer {args.layer} out of range: {name} has layers 0..{L} (or -1..-{L + 1} from the top)")
+    if args.pooling == "wk" and L < 2:
+        die(f"--pooling wk: {name} has {L} layer (hidden states 0..{L}); WK needs at least three hidden states, so a "
+            "model of 2 layers or more")
     if args.wk_layer_start is not None and not 0 <= args.wk_layer_start <= L - 2:
         die(f"--wk-layer-start {args.wk_layer_start}: {name} has hidden states 0..{L}; WK needs at least three of them, "
             f"so give 0..{L - 2}")

@@ -51,24 +51,28 @@ METHODS = {
     # ConSERT's unsupervised recipe (scripts/unsup-consert-base.sh): NT-Xent over the 2b views, no head
     "consert": Method("BERT_T", sg_loss.nt_xent, head="none", pooling="mean", eval_pooling="last2", recipe=dict(
         tau=0.1, batch_size=96, max_len=64, lr=5e-7, dropout="off", aug1="feature-cutoff:0.2", aug2="shuffle"),
-        ignores=SG_ONLY, why=TWO_PASSES),
+        ignores=(*SG_ONLY, "proj_size", "no_proj"), why=TWO_PASSES + ", and no head"),
     # SimCSE's unsupervised recipe: InfoNCE of view 1 against view 2 (gradients through both), MLP over [CLS] in
     # training, the raw [CLS] at evaluation
     "simcse": Method("BERT_T", sg_loss.opt2, head="mlp", recipe=dict(tau=0.05, batch_size=64, max_len=32, lr=3e-5),
-                     ignores=SG_ONLY, why=TWO_PASSES),
+                     ignores=(*SG_ONLY, "proj_size"), why=TWO_PASSES + "; its head is an H x H MLP"),
     # PromptBERT's unsupervised BERT recipe (run.sh unsup-bert): side 1 and side 2 are BERT_T's [MASK] vectors of the
     # sentence inside two different templates, each less its template's own (denoising, prompt.py); InfoNCE as
     # SimCSE's, MLP in training only. Evaluated with the first template, not denoised. max_len: the sentence's tokens
     "promptbert": Method("BERT_T", sg_loss.opt2, head="mlp", pooling="prompt", eval_pooling="prompt", recipe=dict(
         tau=0.05, batch_size=256, max_len=32, lr=1e-5, template=prompt.TRAIN_TEMPLATES[0],
-        template2=prompt.TRAIN_TEMPLATES[1]), ignores=(*SG_ONLY, "aug1", "aug2", "pooling", "eval_pooling"),
-        why="its two sides are BERT_T's [MASK] vectors in two templates: no BERT_F, no augmentation, no other pooling"),
+        template2=prompt.TRAIN_TEMPLATES[1]), ignores=(*SG_ONLY, "aug1", "aug2", "pooling", "eval_pooling", "proj_size"),
+        why="its two sides are BERT_T's [MASK] vectors in two templates: no BERT_F, no augmentation, no other pooling, "
+            "an H x H MLP head"),
     # the paper's post-hoc baselines (posthoc.py; fit_posthoc below): BERT is not trained, a map of its first-last
     # vectors is fitted. Flow: bohanli/BERT-flow's defaults (batch 64 sentences, AdamW 1e-3, BERT's dropout on)
+    # (precision: the vectors are made and the map fitted in fp32)
     "whitening": Method("none", None, head="none", pooling="first-last", eval_pooling="first-last",
-                        ignores=CONTRASTIVE + GRADIENT, why="a closed-form fit: no contrast, no gradient steps"),
+                        ignores=(*CONTRASTIVE, *GRADIENT, "precision", "log_every"),
+                        why="a closed-form fit in fp32: no contrast, no gradient steps"),
     "flow": Method("none", None, head="none", pooling="first-last", eval_pooling="first-last",
-                   recipe=dict(lr=1e-3, batch_size=64), ignores=CONTRASTIVE, why="a flow fitted by likelihood: no contrast"),
+                   recipe=dict(lr=1e-3, batch_size=64), ignores=(*CONTRASTIVE, "precision"),
+                   why="a flow fitted by likelihood in fp32: no contrast"),
 }
 DEFAULTS = dict(tau=0.01, lr=5e-5, batch_size=16, max_len=128, dropout="on", aug1="none", aug2="none")  # SG-OPT's
 OWN_FLAGS = {"whiten_dim": "whitening", "template": "promptbert", "template2": "promptbert"}  # one method's settings
@@ -140,6 +144,8 @@ def resolve_config(args):
     if given:
         why = m.why if given[0] in m.ignores else f"it is a setting of --loss {OWN_FLAGS[given[0]]}"
         die(f"--{given[0].replace('_', '-')} means nothing for --loss {args.loss} ({why}): drop it")
+    if cfg.no_proj and "proj_size" in args.given:
+        die("--proj-size means nothing with --no-proj (there is no head f): drop one of them")
     return cfg
 
 

@@ -461,7 +461,8 @@ def fit_map(cfg, x, kept):
             mu, W = posthoc.fit_whitening(x, cfg.whiten_dim)
             return {"mu": mu, "W": W}, {"kind": "whitening", "dim": W.shape[1]}, {"steps": 0, "losses": []}
         flow, stats = posthoc.fit_flow(torch.from_numpy(x), epochs=cfg.epochs, batch_size=cfg.batch_size, lr=cfg.lr,
-                                       weight_decay=cfg.weight_decay, seed=cfg.seed, max_steps=cfg.max_steps, log=print)
+                                       weight_decay=cfg.weight_decay, seed=cfg.seed, max_steps=cfg.max_steps, log=print,
+                                       log_every=cfg.log_every)
         return flow.state_dict(), {"kind": "flow", "config": flow.config()}, stats
     except ValueError as e:
         die(f"--loss {cfg.loss}: {e}; {kept}")

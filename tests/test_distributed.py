@@ -25,7 +25,8 @@ def no_dropout(world):
 
 def argv(world, out, *flags):
     return ["--model", str(world["model"]), "--data", str(world["sents"]), "--data-dir", str(world["data"]),
-            "--out", str(out), "--proj-size", "16", "--device", "cpu", "--log-every", "1", *flags]
+            "--out", str(out), *(["--proj-size", "16"] if "simcse" not in flags else []), "--device", "cpu",
+            "--log-every", "1", *flags]
 
 
 def torchrun(world, out, flags, n=2, **kw):

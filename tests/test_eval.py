@@ -610,3 +610,11 @@ def test_a_well_formed_whitening_checkpoint_is_scored(tiny_model, tiny_data, tmp
     common = ["--data-dir", str(tiny_data[0]), "--tasks", "STS13"]
     score = [evaluate.main(["--ckpt", str(c), *common])["sts"]["STS13"] for c in (ckpt, plain)]
     assert score[0] == score[1]  # the identity map: the plain checkpoint's numbers
+
+
+def test_wk_on_a_one_layer_model_is_one_line(tmp_path, tiny_config, tiny_data):
+    model = tiny_model_folder(tmp_path / "one-layer", dict(tiny_config, num_hidden_layers=1), ["a", "man"])
+    r = run_cli("evaluate.py", "--model", str(model), "--pooling", "wk", "--data-dir", str(tiny_data[0]),
+                "--tasks", "STS13")
+    assert_one_line_error(r, "--pooling wk", "at least three hidden states")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1

@@ -10,7 +10,11 @@ VALUES = {  # one valid value of every method flag (None: a switch)
     "aug2": "shuffle", "no_proj": None, "proj_size": "8", "eval_every": "5", "patience": "3", "early_stop": "best",
     "overfit_batch": None, "eval_pooling": "mean", "lr": "1e-3", "weight_decay": "0.1", "batch_size": "8",
     "epochs": "2", "dropout": "off", "pooling": "mean", "whiten_dim": "4", "template": 'A "[X]" is [MASK] .',
-    "template2": 'B "[X]" is [MASK] .'}
+    "template2": 'B "[X]" is [MASK] .',
+    # ... and of every run flag: a method may ignore those too (the post-hoc fits: --precision)
+    "model": "m", "data": "d.txt", "data_dir": "dd", "max_len": "16", "max_steps": "3", "out": "o.safetensors",
+    "overwrite": None, "json": "r.json", "eval_all": None, "eval_only": None, "seed": "7", "device": "cpu",
+    "precision": "bf16", "log_every": "2", "eval_batch_size": "16"}
 
 
 def argv(loss, name):
@@ -33,7 +37,7 @@ def test_method_recipes_are_defaults_that_flags_override():
 @pytest.mark.parametrize("loss", list(methods.METHODS))
 def test_every_recipe_key_is_a_flag_and_every_flag_not_ignored_is_taken(loss):
     m, flags = methods.METHODS[loss], vars(train.get_args([]))
-    assert set(m.recipe) <= set(flags) and set(m.ignores) <= set(VALUES)
+    assert set(m.recipe) <= set(flags) and set(VALUES) == set(flags) - {"loss", "given"}  # every flag, each method
     for name in sorted(set(VALUES) - set(m.ignores)):
         if methods.OWN_FLAGS.get(name, loss) != loss:
             continue  # another method's own setting: refused below
@@ -51,3 +55,9 @@ def test_every_flag_a_method_ignores_is_refused_in_one_line(loss, capsys):
         err = capsys.readouterr().err.strip()
         assert e.value.code == 2 and len(err.splitlines()) == 1
         assert f"--{name.replace('_', '-')} means nothing for --loss {loss}" in err and err.endswith("drop it")
+
+
+def test_proj_size_with_no_proj_is_refused(capsys):
+    with pytest.raises(SystemExit) as e:
+        methods.resolve_config(train.get_args(["--no-proj", "--proj-size", "16"]))
+    assert e.value.code == 2 and "--proj-size means nothing with --no-proj" in capsys.readouterr().err

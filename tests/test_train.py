@@ -44,10 +44,16 @@ def world(tiny_config, tmp_path):
     return dict(model=model_dir, data=data_dir, sents=sents, out=tmp_path / "sg.safetensors", tmp=tmp_path)
 
 
+def small_head(flags):
+    """--proj-size 16 where the method has the projection head f (the others refuse the flag)."""
+    loss = flags[flags.index("--loss") + 1] if "--loss" in flags else "opt"
+    return [] if "proj_size" in methods.METHODS[loss].ignores or "--no-proj" in flags else ["--proj-size", "16"]
+
+
 def run(world, *flags, **kw):
     argv = ["--model", str(world["model"]), "--data", str(world["sents"]), "--data-dir", str(world["data"]),
             "--out", str(world["out"]), "--batch-size", "4", "--max-steps", "8", "--eval-every", "3",
-            "--log-every", "1", "--proj-size", "16", "--device", "cpu", *flags]
+            "--log-every", "1", *small_head(flags), "--device", "cpu", *flags]
     return train.main(argv)
 
 
@@ -558,3 +564,13 @@ def test_a_full_disk_while_saving_a_fit_is_one_line(world, capsys, monkeypatch):
     err = capsys.readouterr().err
     assert e.value.code == 2 and "No space left on device" in err and len(err.strip().splitlines()) == 1
     assert not world["out"].exists()
+
+
+def test_an_out_link_into_a_missing_folder_is_refused_before_training(world, capsys):
+    link = world["tmp"] / "link.safetensors"
+    link.symlink_to(world["tmp"] / "missing" / "sg.safetensors")
+    with pytest.raises(SystemExit) as e:
+        run(world, "--out", str(link))
+    out, err = capsys.readouterr()
+    assert e.value.code == 2 and len(err.strip().splitlines()) == 1 and "step" not in out
+    assert f"is a link to {world['tmp'] / 'missing' / 'sg.safetensors'}, which is in a folder that does not exist" in err
