@@ -145,16 +145,17 @@ def parse_score(s, path, line):
     return y
 
 
-def scored_pairs(rows, path):
+def scored_pairs(rows, path, constant_gold=False):
     """[(line, s1, s2, gold)] -> (s1, s2, gold float64), refusing what would make a Spearman silently wrong: an empty
-    sentence, fewer than 2 pairs, a constant gold column."""
+    sentence, fewer than 2 pairs, a constant gold column (unless constant_gold: your own pairs, whose cosines are
+    still worth having; their correlations are then undefined, NaN)."""
     for line, a, b, _ in rows:
         if not a.strip() or not b.strip():
             raise DataError(f"{path}:{line}: empty sentence in a pair")
     if len(rows) < 2:
         raise DataError(f"{path}: {len(rows)} scored pair(s); a Spearman correlation needs at least 2")
     y = np.array([r[3] for r in rows], dtype=np.float64)
-    if np.ptp(y) == 0:
+    if np.ptp(y) == 0 and not constant_gold:
         raise DataError(f"{path}: every gold score is {y[0]}; a constant gold column has no ranking to compare")
     return [r[1] for r in rows], [r[2] for r in rows], y
 
@@ -202,7 +203,8 @@ def load_task(name, data_dir):
 def load_pairs_file(path):
     """Your own STS data: rows of (sentence1, sentence2, score), tab-separated, or comma-separated in a .csv (quoted
     fields as the csv module reads them), a header row optional (a first row whose score is not a number). Any finite
-    scores: the Spearman needs only their order. -> (s1, s2, gold float64); a bad row is a DataError naming its line."""
+    scores: the Spearman needs only their order (all equal: the correlations are undefined, the cosines still come).
+    -> (s1, s2, gold float64); a bad row is a DataError naming its line."""
     path = Path(path)
     if path.is_dir() or not path.is_file():
         raise DataError(f"--pairs {path}: {'is a folder' if path.is_dir() else 'not found'}; give a file of "
@@ -224,7 +226,7 @@ def load_pairs_file(path):
         if not math.isfinite(y):
             raise DataError(f"{path}:{i}: score {cols[2].strip()!r} is not a finite number")
         rows.append((i, cols[0].strip(), cols[1].strip(), y))
-    return scored_pairs(rows, path)
+    return scored_pairs(rows, path, constant_gold=True)
 
 
 def training_sentences(spec, data_dir=None):

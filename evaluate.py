@@ -16,7 +16,9 @@ brings its own template.
 by SentEval's own protocol and seeds (transfer.py). Every evaluation takes a function vectors(sentences) -> (n, H),
 so a pooling or a fitted transform plugs in without touching the evaluator. --json always has one shape:
 {"model", "pooling", "layer", "device", "sts": {task: {"all", "wmean", "mean"}, "avg": ...} or null,
-"transfer": {task: {"acc", "devacc"[, "f1"]}, "avg"} or null, "layerwise": {pooling: [layer 0 .. L]} or null}.
+"transfer": {task: {"acc", "devacc"[, "f1"]}, "avg"} or null, "layerwise": {pooling: [layer 0 .. L]} or null,
+"pairs": [{"file", "sentence1", "sentence2", "gold", "cosine"}, ...] or null}. A --pairs file is a task of the "sts"
+block (with "pearson" and "n" beside), and each of its pairs a row of "pairs" (and of --pairs-out).
 
     python evaluate.py --model bert-base-uncased --pooling cls
     python evaluate.py --ckpt sg.safetensors --json results.json
@@ -36,6 +38,66 @@ import time
 from functools import partial
 from pathlib import Path
 
+from data import TASKS, TRANSFER  # data.py and checkpoint.py load no torch: --help answers before torch loads
+
+PROTOCOLS = ("all", "wmean", "mean")
+SHORT = {"STSBenchmark": "STS-B", "SICKRelatedness": "SICK-R"}  # MTEB's names, for the printed table
+LAYERWISE_POOLINGS = ("cls", "mean", "max")
+SUMMARY = ("avg", "sentences", "sentences_per_s", "seconds", "task_seconds")  # evaluate_sts's keys that are not tasks
+TASK_SETS = {"sts": TASKS, "transfer": TRANSFER, "all": TASKS + TRANSFER}  # --tasks shorthands
+EVAL_MAX_LEN = 128  # tokens per sentence at evaluation, [CLS]/[SEP] included: SentEval's and SimCSE's max_seq_length
+
+# the choices of the command line, here so that it needs no torch (checked against their sources below)
+POOLING_CHOICES = ("cls", "mean", "max", "first-last", "last2", "wk", "prompt")  # bert.POOLINGS, WK, PromptBERT's
+TRANSFER_CONFIG_NAMES = ("paper", "simcse")  # transfer.TRANSFER_CONFIGS
+
+# -----------------------------------------------------------------------------
+# the command line, parsed before the heavy imports: --help and a bad flag answer at once, not after torch loads
+
+
+def get_args(argv=None):
+    p = argparse.ArgumentParser(description="STS evaluation (Spearman x100) in the all / wmean / mean protocols, and "
+                                "SentEval's transfer tasks (accuracy)", epilog="example: python evaluate.py --ckpt "
+                                "sg.safetensors --json results.json")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--model", help="model folder, or a name resolved as weights/<name>/ (e.g. bert-base-uncased)")
+    src.add_argument("--ckpt", help="a .safetensors checkpoint written by train.py")
+    a = p.add_argument
+    a("--pooling", choices=POOLING_CHOICES, help="sentence vector (default: the pooling a --ckpt "
+      "records, e.g. last2 for ConSERT; else cls). wk: WK pooling (Wang and Kuo 2020) over layers --wk-layer-start..l; "
+      "prompt: PromptBERT's [MASK] vector of the sentence inside --template")
+    a("--layer", type=int, default=None, help="hidden state to pool, 0 = embeddings (default: -1, the last)")
+    a("--wk-layer-start", type=int, help="wk: the first hidden state used (default: l // 3, e.g. 4 for a 12-layer "
+      "BERT, 2 for all-MiniLM-L6-v2; the SBERT-WK code's 4 for BERT-base)")
+    a("--wk-window", type=int, help="wk: context window, layers on each side (default: 2, the SBERT-WK code's)")
+    a("--template", help="prompt: the template, one [X] (the sentence) and one [MASK] (whose vector is the "
+      "sentence's) (default: the one a --ckpt records, else PromptBERT's best manual template, "
+      "prompt.UNTRAINED_TEMPLATE)")
+    a("--pairs", nargs="+", metavar="FILE", help="your own STS data: files of 'sentence1<TAB>sentence2<TAB>score' rows "
+      "(or a .csv of the same three columns; header optional), scored like the STS tasks (default tasks: none then): "
+      "Spearman and Pearson x100 of the cosines against the scores, and the number of pairs")
+    a("--pairs-out", metavar="OUT.tsv", help="with --pairs: write every pair's cosine beside its score to this .tsv "
+      "(columns file, sentence1, sentence2, gold, cosine); --json holds them too")
+    a("--tasks", nargs="+", default=None, metavar="TASK", choices=TASKS + list(SHORT.values()) + TRANSFER + list(TASK_SETS),
+      help=f"tasks to run: any of {' '.join(TASKS)} {' '.join(TRANSFER)}, or sts (the 7 STS tasks, the default), "
+      "transfer (the 7 transfer tasks), all (both)")
+    a("--transfer-config", default="paper", choices=TRANSFER_CONFIG_NAMES,
+      help="transfer classifier: paper (default) = SG-BERT's Table 9 (MLP, 50 sigmoid units), simcse = SimCSE's test "
+      "mode (logistic regression); both Adam, batch 64, tenacity 5, epoch 4, 10 folds")
+    a("--data-dir", help="data folder (default: $SG_DATA, else ./data; fetched when missing)")
+    a("--batch-size", type=int, default=64, help="sentences per forward pass (default: 64)")
+    a("--device", default="auto", choices=["auto", "cpu", "cuda"], help="default: cuda if present")
+    a("--json", help="also write the results to this JSON file")
+    a("--layerwise", action="store_true", help="STS-B test Spearman per layer x cls/mean/max")
+    a("--plot", help="with --layerwise: draw it to this .png (needs matplotlib)")
+    a("--pairs-plot", help="the paper's Figure 5: 20 gold-5 and 20 gold-0 STS-B dev pairs in 2-D (PCA), a --ckpt "
+      "beside its base model, to this .png (needs matplotlib)")
+    return p.parse_args(argv)
+
+
+if __name__ == "__main__":
+    get_args()  # exits here on --help or a bad flag; main() parses again, after the imports below
+
 import numpy as np
 import torch
 from scipy.stats import spearmanr
@@ -47,14 +109,10 @@ import prompt
 import transfer
 import wk
 from checkpoint import die
-from data import TASKS, TRANSFER, DataError, load_pairs_file, load_stsb, load_task, resolve_data_dir
+from data import DataError, load_pairs_file, load_stsb, load_task, resolve_data_dir
 
-PROTOCOLS = ("all", "wmean", "mean")
-SHORT = {"STSBenchmark": "STS-B", "SICKRelatedness": "SICK-R"}  # MTEB's names, for the printed table
-LAYERWISE_POOLINGS = ("cls", "mean", "max")
-SUMMARY = ("avg", "sentences", "sentences_per_s", "seconds", "task_seconds")  # evaluate_sts's keys that are not tasks
-TASK_SETS = {"sts": TASKS, "transfer": TRANSFER, "all": TASKS + TRANSFER}  # --tasks shorthands
-EVAL_MAX_LEN = 128  # tokens per sentence at evaluation, [CLS]/[SEP] included: SentEval's and SimCSE's max_seq_length
+assert POOLING_CHOICES == (*bert.POOLINGS, "wk", "prompt"), f"POOLING_CHOICES is out of date: {bert.POOLINGS}"
+assert TRANSFER_CONFIG_NAMES == tuple(transfer.TRANSFER_CONFIGS), f"out of date: {list(transfer.TRANSFER_CONFIGS)}"
 
 
 def eval_tokenizer(tokenizer, config):
@@ -74,11 +132,39 @@ def cosine(a, b):
     return (a * b).sum(1) / np.maximum(np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1), 1e-12)
 
 
+def constant(x):
+    """Every value the same, up to float64 rounding: no ranking to compare. (A sentence's cosine with itself is 1 only
+    to within 1e-16, and a spread of 1e-16 must not rank anything; distinct cosines of fp32 vectors differ by far more.)"""
+    x = np.asarray(x, np.float64)
+    return np.ptp(x) <= 64 * np.finfo(np.float64).eps * np.abs(x).max(initial=0)
+
+
 def spearman(x, y):
     """Spearman rank correlation x100 (scipy); NaN when either side is constant (no ranking to compare)."""
-    if np.ptp(x) == 0 or np.ptp(y) == 0:
+    if constant(x) or constant(y):
         return float("nan")
     return float(100 * spearmanr(x, y).statistic)
+
+
+def pearson(x, y):
+    """Pearson correlation x100; NaN when either side is constant."""
+    if constant(x) or constant(y):
+        return float("nan")
+    return float(100 * np.corrcoef(np.asarray(x, np.float64), np.asarray(y, np.float64))[0, 1])
+
+
+def pairs_names(paths):
+    """{path: its name in the tables and the JSON}: the file's name, or as many of its trailing folders as make it
+    unique (a/test.tsv and b/test.tsv stay two rows)."""
+    parts = {p: Path(p).resolve().parts for p in paths}
+    names = {}
+    for p in paths:
+        for k in range(1, len(parts[p]) + 1):
+            name = "/".join(parts[p][-k:])
+            if all(q == p or "/".join(parts[q][-k:]) != name for q in paths):
+                break
+        names[p] = name
+    return names
 
 
 def spearman_table(subsets):
@@ -211,28 +297,37 @@ def progress(msg):
     print(msg, file=sys.stderr, flush=True)  # stderr: the tables on stdout stay clean
 
 
-def evaluate_sts(vectors, tasks, data_dir, log=progress):
+def evaluate_sts(vectors, tasks, data_dir, log=progress, pair_rows=None):
     """Spearman x100 of every task in every protocol: {task: {"all", "wmean", "mean"}, "avg": ..., "sentences",
     "sentences_per_s", "seconds", "task_seconds": {task: its encoding and scoring}}. A task is one of data.TASKS or
-    the path of your own pairs file (--pairs; its row is named by the file's name). Each task's sentences are encoded
-    once, even when they repeat across pairs and subsets. log: where the per-task progress lines go."""
+    the path of your own pairs file (--pairs), named by its shortest unique trailing path (pairs_names); a pairs file
+    also gets "pearson" (x100) and "n" (its pairs). "avg" is over the STS tasks, or over the pairs files when there
+    are no STS tasks. Each task's sentences are encoded once, even when they repeat across pairs and subsets.
+    log: where the per-task progress lines go; pair_rows: a list that receives (name, sentence1, sentence2, gold,
+    cosine) of every pair of the pairs files."""
     t0 = time.perf_counter()
     results, n_sent, t_enc, task_seconds = {}, 0, 0.0, {}
+    names = pairs_names([t for t in tasks if t not in TASKS])
     for task in tasks:
         data, name = (load_task(task, data_dir), task) if task in TASKS else ({"pairs": load_pairs_file(task)},
-                                                                              Path(task).name)
+                                                                              names[task])
         uniq, index = unique_sentences(data.values())
         log(f"{SHORT.get(name, name)}: encoding {len(uniq)} sentences ...")
         t = time.perf_counter()
         emb = vectors(uniq)  # (n, H)
         t_enc += time.perf_counter() - t
         n_sent += len(uniq)
-        results[name] = spearman_table({k: (similarities(emb, index, s1, s2), gold)
-                                        for k, (s1, s2, gold) in data.items()})
+        sims = {k: (similarities(emb, index, s1, s2), gold) for k, (s1, s2, gold) in data.items()}
+        results[name] = spearman_table(sims)
+        if task not in TASKS:  # one subset: the three protocols agree; the linear correlation and the count beside
+            (s1, s2, gold), (cos, _) = data["pairs"], sims["pairs"]
+            results[name].update(pearson=pearson(cos, gold), n=len(gold))
+            if pair_rows is not None:
+                pair_rows.extend(zip([name] * len(gold), s1, s2, gold.tolist(), cos.tolist()))
         task_seconds[name] = time.perf_counter() - t  # encoding and scoring: a task's inference time (Table 6)
         log(f"{SHORT.get(name, name)}: {len(uniq)} sentences, {task_seconds[name]:.1f} s, "
             f"Spearman {results[name]['all']:.2f}")
-    names = [k for k in results]
+    names = [k for k in results if k in TASKS] or list(results)
     results["avg"] = {p: float(np.mean([results[name][p] for name in names])) for p in PROTOCOLS}
     results.update(sentences=n_sent, sentences_per_s=n_sent / max(t_enc, 1e-9), seconds=time.perf_counter() - t0,
                    task_seconds=task_seconds)
@@ -305,6 +400,16 @@ def fmt(x):
     return f"{x:7.2f}" if not math.isnan(x) else "    nan"
 
 
+def print_pairs(results, names, title):
+    """One line per pairs file: Spearman, Pearson (x100; 'undefined' when every cosine or every score is the same)
+    and the number of pairs."""
+    print(title)
+    for name in names:
+        r = results[name]
+        num = lambda x: "undefined" if math.isnan(x) else f"{x:.2f}"
+        print(f"{name}: Spearman {num(r['all'])} | Pearson {num(r['pearson'])} | n {r['n']}")
+
+
 def print_table(results, tasks, title):
     print(title)
     print(f"{'task':<8}" + "".join(f"{p:>8}" for p in PROTOCOLS))
@@ -335,49 +440,16 @@ def plot_layerwise(table, path, title):
     fig.savefig(path)
 
 
-def get_args(argv=None):
-    p = argparse.ArgumentParser(description="STS evaluation (Spearman x100) in the all / wmean / mean protocols, and "
-                                "SentEval's transfer tasks (accuracy)", epilog="example: python evaluate.py --ckpt "
-                                "sg.safetensors --json results.json")
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--model", help="model folder, or a name resolved as weights/<name>/ (e.g. bert-base-uncased)")
-    src.add_argument("--ckpt", help="a .safetensors checkpoint written by train.py")
-    a = p.add_argument
-    a("--pooling", choices=[*bert.POOLINGS, "wk", "prompt"], help="sentence vector (default: the pooling a --ckpt "
-      "records, e.g. last2 for ConSERT; else cls). wk: WK pooling (Wang and Kuo 2020) over layers --wk-layer-start..l; "
-      "prompt: PromptBERT's [MASK] vector of the sentence inside --template")
-    a("--layer", type=int, default=None, help="hidden state to pool, 0 = embeddings (default: -1, the last)")
-    a("--wk-layer-start", type=int, help="wk: the first hidden state used (default: l // 3, e.g. 4 for a 12-layer "
-      "BERT, 2 for all-MiniLM-L6-v2; the SBERT-WK code's 4 for BERT-base)")
-    a("--wk-window", type=int, help="wk: context window, layers on each side (default: 2, the SBERT-WK code's)")
-    a("--template", help="prompt: the template, one [X] (the sentence) and one [MASK] (whose vector is the "
-      "sentence's) (default: the one a --ckpt records, else the paper's best manual template "
-      f"'{prompt.UNTRAINED_TEMPLATE}')")
-    a("--pairs", nargs="+", metavar="FILE", help="your own STS data: files of 'sentence1<TAB>sentence2<TAB>score' rows "
-      "(or a .csv of the same three columns; header optional), scored like the STS tasks (default tasks: none then)")
-    a("--tasks", nargs="+", default=None, metavar="TASK", choices=TASKS + list(SHORT.values()) + TRANSFER + list(TASK_SETS),
-      help=f"tasks to run: any of {' '.join(TASKS)} {' '.join(TRANSFER)}, or sts (the 7 STS tasks, the default), "
-      "transfer (the 7 transfer tasks), all (both)")
-    a("--transfer-config", default="paper", choices=list(transfer.TRANSFER_CONFIGS),
-      help="transfer classifier: paper (default) = SG-BERT's Table 9 (MLP, 50 sigmoid units), simcse = SimCSE's test "
-      "mode (logistic regression); both Adam, batch 64, tenacity 5, epoch 4, 10 folds")
-    a("--data-dir", help="data folder (default: $SG_DATA, else ./data; fetched when missing)")
-    a("--batch-size", type=int, default=64, help="sentences per forward pass (default: 64)")
-    a("--device", default="auto", choices=["auto", "cpu", "cuda"], help="default: cuda if present")
-    a("--json", help="also write the results to this JSON file")
-    a("--layerwise", action="store_true", help="STS-B test Spearman per layer x cls/mean/max")
-    a("--plot", help="with --layerwise: draw it to this .png (needs matplotlib)")
-    a("--pairs-plot", help="the paper's Figure 5: 20 gold-5 and 20 gold-0 STS-B dev pairs in 2-D (PCA), a --ckpt "
-      "beside its base model, to this .png (needs matplotlib)")
-    return p.parse_args(argv)
-
-
 def check_args(args):
     """Refuse bad input before any work starts, with one line each."""
     if args.plot and not args.layerwise:
         die("--plot draws the --layerwise table: add --layerwise")
+    if args.pairs_out and not args.pairs:
+        die("--pairs-out writes the cosines of --pairs files: add --pairs FILE")
+    if args.pairs and args.layerwise:
+        die("--layerwise scores STS-B test layer by layer, not --pairs files: run them as two commands")
     for flag, path, suffix in (("--plot", args.plot, ".png"), ("--pairs-plot", args.pairs_plot, ".png"),
-                               ("--json", args.json, ".json")):
+                               ("--json", args.json, ".json"), ("--pairs-out", args.pairs_out, ".tsv")):
         try:
             path and checkpoint.check_output(path, suffix)
         except checkpoint.LoadError as e:
@@ -479,12 +551,14 @@ def run_tasks(args, model, tokenizer, data_dir, transform=None):
     tasks = [{v: k for k, v in SHORT.items()}.get(t, t) for t in args.tasks]
     tasks = list(dict.fromkeys(x for t in tasks for x in TASK_SETS.get(t, [t])))  # expand sets, drop repeats
     sts, trans = [t for t in tasks if t in TASKS], [t for t in tasks if t in TRANSFER]
-    sts += args.pairs or []
+    pairs = list({Path(p).resolve(): p for p in args.pairs or []}.values())  # a file given twice is scored once
+    sts += pairs
     L = model.config.num_hidden_layers
     wk_args = (wk.default_layer_start(L) if args.wk_layer_start is None else args.wk_layer_start, args.wk_window or 2)
     vectors = sentence_vectors(model, tokenizer, args.pooling, args.layer, args.batch_size, wk_args, transform,
                                log=progress, template=args.template)
-    results = {"pooling": args.pooling, "layer": args.layer, "sts": None, "transfer": None, "layerwise": None}
+    results = {"pooling": args.pooling, "layer": args.layer, "sts": None, "transfer": None, "layerwise": None,
+               "pairs": None}
     if args.pooling == "wk":
         results["wk"] = {"layer_start": wk_args[0], "window": wk_args[1]}
     if args.pooling == "prompt":
@@ -495,10 +569,28 @@ def run_tasks(args, model, tokenizer, data_dir, transform=None):
         results["seconds"] = time.perf_counter() - t0
         return results
     if sts:
-        results["sts"] = evaluate_sts(vectors, sts, data_dir)
+        rows = []
+        results["sts"] = evaluate_sts(vectors, sts, data_dir, pair_rows=rows)
+        if pairs:  # every pair of the --pairs files: its cosine beside its score
+            results["pairs"] = [dict(zip(PAIR_COLUMNS, r)) for r in rows]
     if trans:
         results["transfer"] = transfer.evaluate_transfer(vectors, trans, data_dir, args.transfer_config, log=progress)
     return results
+
+
+PAIR_COLUMNS = ("file", "sentence1", "sentence2", "gold", "cosine")  # --pairs-out and the JSON's "pairs"
+
+
+def write_pairs(path, rows):
+    """--pairs-out: a header row, then one row per pair, tab-separated (csv's quoting for a TAB or newline inside a
+    sentence of a .csv), written atomically."""
+    import csv
+    import io
+    buf = io.StringIO()
+    w = csv.writer(buf, delimiter="\t", lineterminator="\n")
+    w.writerow(PAIR_COLUMNS)
+    w.writerows([r[c] for c in PAIR_COLUMNS] for r in rows)
+    checkpoint.write_text(path, buf.getvalue())
 
 
 def report(args, results, name, device):
@@ -513,7 +605,14 @@ def report(args, results, name, device):
     where = f"{name} | pooling {args.pooling}" + (f" {args.template!r}" if args.template else "") + \
         f" | layer {args.layer} | device {device}"
     if results["sts"]:
-        print_table(results["sts"], [t for t in results["sts"] if t not in SUMMARY], f"STS Spearman x100 | {where}")
+        sts = results["sts"]
+        tasks, files = [t for t in sts if t in TASKS], [t for t in sts if t not in TASKS and t not in SUMMARY]
+        if tasks:
+            print_table(sts, tasks, f"STS Spearman x100 | {where}")
+        if files:
+            print_pairs(sts, files, f"your pairs, x100 | {where}")
+        if not tasks:
+            print(f"{sts['sentences']} distinct sentences encoded; evaluation took {sts['seconds']:.1f} s")
     if results["transfer"]:
         transfer.print_transfer(results["transfer"], [t for t in results["transfer"] if t in TRANSFER],
                                 f"SentEval transfer accuracy x100 | {where} | classifier {args.transfer_config}")
@@ -533,11 +632,14 @@ def main(argv=None):
         data_dir = resolve_data_dir(args.data_dir, need_stsb=False) if needs_data else None
         if args.pairs_plot:
             return pairs_plot(args, model, tokenizer, meta, data_dir)
-        results = {"model": name, "device": device,
+        results = {"model": name, "model_sha256": checkpoint.weights_sha256(args.ckpt or args.model), "device": device,
                    **run_tasks(args, model, tokenizer, data_dir, transform)}
     except DataError as e:
         die(e)
     report(args, results, name, device)
+    if args.pairs_out:
+        write_pairs(args.pairs_out, results["pairs"])
+        print(f"{len(results['pairs'])} pairs with their cosines written to {args.pairs_out}")
     if args.json:
         checkpoint.write_json(args.json, results)
         print(f"results written to {args.json}")

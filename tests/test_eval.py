@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from scipy.stats import spearmanr
+from scipy.stats import pearsonr, spearmanr
 
 import bert
 import checkpoint
@@ -203,7 +203,8 @@ def test_cli_json_and_layerwise(tiny_data, tiny_model, tmp_path, capsys):
     evaluate.main(["--model", str(tiny_model), "--data-dir", str(root), "--json", str(out),
                    "--tasks", "STS13", "SICK-R"])
     res = json.loads(out.read_text())
-    assert set(res) == {"model", "device", "pooling", "layer", "sts", "transfer", "layerwise"}  # one shape, always
+    assert set(res) == {"model", "model_sha256", "device", "pooling", "layer", "sts", "transfer", "layerwise",
+                        "pairs"}  # one shape, always
     assert res["transfer"] is None and res["layerwise"] is None
     assert set(res["sts"]) >= {"STS13", "SICKRelatedness", "avg", "seconds"}
     assert set(res["sts"]["STS13"]) == {"all", "wmean", "mean"}
@@ -610,6 +611,87 @@ def test_a_well_formed_whitening_checkpoint_is_scored(tiny_model, tiny_data, tmp
     common = ["--data-dir", str(tiny_data[0]), "--tasks", "STS13"]
     score = [evaluate.main(["--ckpt", str(c), *common])["sts"]["STS13"] for c in (ckpt, plain)]
     assert score[0] == score[1]  # the identity map: the plain checkpoint's numbers
+
+# -----------------------------------------------------------------------------
+# per-pair scores of your own pairs files (--pairs-out, the JSON's "pairs")
+
+PAIR_ROWS = [("a w1 w2", "w1 w2", 4.5), ("w3 w4", "x1 x2 x3", 0.5), ("left right", "right left", 3.0),
+             ("w5 w6", "w6 w7", 2.0), ("x4", "x5 x6", 1.0)]
+
+
+def write_pairs(path, rows):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(f"{a}\t{b}\t{y}\n" for a, b, y in rows))
+    return path
+
+
+def test_pairs_out_and_json_hold_every_pair_and_same_names_stay_apart(tiny_model, tmp_path, capsys):
+    """a/test.tsv and b/test.tsv: two rows, named by their folders; each pair's cosine beside its score in --pairs-out
+    and the JSON, equal to the cosine of the two sentences encoded on their own."""
+    import csv
+    a = write_pairs(tmp_path / "a" / "test.tsv", PAIR_ROWS)
+    b = write_pairs(tmp_path / "b" / "test.tsv", PAIR_ROWS[::-1][:3])
+    out, js = tmp_path / "pairs.tsv", tmp_path / "r.json"
+    res = evaluate.main(["--model", str(tiny_model), "--pairs", str(a), str(b), "--pairs-out", str(out), "--json",
+                         str(js), "--device", "cpu"])
+    assert {"a/test.tsv", "b/test.tsv"} <= set(res["sts"])
+    model, tok = bert.Bert.from_pretrained(tiny_model), bert.load_tokenizer(tiny_model)
+    with out.open(newline="") as f:
+        table = list(csv.reader(f, delimiter="\t"))
+    assert table[0] == ["file", "sentence1", "sentence2", "gold", "cosine"]
+    want = [("a/test.tsv", *r) for r in PAIR_ROWS] + [("b/test.tsv", *r) for r in PAIR_ROWS[::-1][:3]]
+    assert [(f, s1, s2, float(y)) for f, s1, s2, y, _ in table[1:]] == want
+    for (_, s1, s2, _, cos) in table[1:]:
+        x = bert.encode(model, tok, [s1, s2])
+        assert float(cos) == pytest.approx(evaluate.cosine(x[:1], x[1:])[0], abs=1e-6)
+    rows = json.loads(js.read_text())["pairs"]
+    assert [(r["file"], r["sentence1"], r["sentence2"], r["gold"]) for r in rows] == want
+    assert [r["cosine"] for r in rows] == pytest.approx([float(t[4]) for t in table[1:]], abs=1e-12)
+    cos = [r["cosine"] for r in rows[:5]]
+    assert res["sts"]["a/test.tsv"]["all"] == pytest.approx(100 * spearmanr(cos, [y for *_, y in PAIR_ROWS]).statistic)
+    assert res["sts"]["a/test.tsv"]["pearson"] == pytest.approx(100 * pearsonr(cos, [y for *_, y in PAIR_ROWS]).statistic)
+    assert res["sts"]["a/test.tsv"]["n"] == 5 and res["sts"]["b/test.tsv"]["n"] == 3
+    assert f"8 pairs with their cosines written to {out}" in capsys.readouterr().out
+
+
+def test_one_pairs_file_prints_one_line(tiny_model, tmp_path, capsys):
+    mine = write_pairs(tmp_path / "mine.tsv", PAIR_ROWS)
+    res = evaluate.main(["--model", str(tiny_model), "--pairs", str(mine), str(tmp_path / "." / "mine.tsv"),
+                         "--device", "cpu"])  # the same file twice: scored once
+    out = capsys.readouterr().out
+    r = res["sts"]["mine.tsv"]
+    lines = [x for x in out.splitlines() if x.startswith("mine.tsv")]
+    assert lines == [f"mine.tsv: Spearman {r['all']:.2f} | Pearson {r['pearson']:.2f} | n 5"], out
+    assert "wmean" not in out and "avg" not in out
+    assert [k for k in res["sts"] if k not in evaluate.SUMMARY] == ["mine.tsv"]
+
+
+@pytest.mark.parametrize("rows, why", [
+    ([(a, b, 2.0) for a, b, _ in PAIR_ROWS], "every gold score is the same"),
+    ([(a, a, y) for a, _, y in PAIR_ROWS], "every cosine is 1: each sentence against itself"),
+])
+def test_constant_pairs_give_undefined_not_a_number(tiny_model, tmp_path, capsys, rows, why):
+    mine, js = write_pairs(tmp_path / "mine.tsv", rows), tmp_path / "r.json"
+    res = evaluate.main(["--model", str(tiny_model), "--pairs", str(mine), "--json", str(js), "--device", "cpu"])
+    assert math.isnan(res["sts"]["mine.tsv"]["all"]) and math.isnan(res["sts"]["mine.tsv"]["pearson"]), why
+    assert "mine.tsv: Spearman undefined | Pearson undefined | n 5" in capsys.readouterr().out
+    got = json.loads(js.read_text())
+    assert got["sts"]["mine.tsv"]["all"] is None and got["sts"]["mine.tsv"]["pearson"] is None
+    assert len(got["pairs"]) == 5 and all(isinstance(r["cosine"], float) for r in got["pairs"])
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--pairs", "{mine}", "--layerwise"], "--layerwise scores STS-B test layer by layer, not --pairs files"),
+    (["--pairs-out", "{tmp}/out.tsv"], "--pairs-out writes the cosines of --pairs files: add --pairs FILE"),
+    (["--pairs", "{mine}", "--pairs-out", "{tmp}/out.csv"], "--pairs-out {tmp}/out.csv is not a file name ending in .tsv"),
+])
+def test_pairs_flags_are_checked_first(tiny_model, tmp_path, capsys, flags, message):
+    mine = write_pairs(tmp_path / "mine.tsv", PAIR_ROWS)
+    fill = lambda x: x.format(mine=mine, tmp=tmp_path)
+    with pytest.raises(SystemExit) as e:
+        evaluate.main(["--model", str(tiny_model), *map(fill, flags), "--device", "cpu"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith(f"error: {fill(message)}") and err.count("\n") == 1, err
 
 
 def test_wk_on_a_one_layer_model_is_one_line(tmp_path, tiny_config, tiny_data):
