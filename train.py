@@ -596,7 +596,7 @@ def main(argv=None):
     check_config(cfg)
     rank, world, device = init_distributed(cfg)
     print(f"sgbert {git_sha()} | device {device}" + (f" x {world} processes" if world > 1 else "") + " | "
-          + " ".join(f"{k}={v}" for k, v in vars(cfg).items()))
+          + " ".join(f"{k}={v}" for k, v in used_flags(cfg).items()))
     if methods.METHODS[cfg.loss].side2 == "none" and not cfg.eval_only:
         if world > 1:
             die(f"--loss {cfg.loss} is fitted in one process: run it with python, not torchrun")
@@ -645,6 +645,14 @@ def get_args(argv=None):
     args = p.parse_args(argv)
     args.given = given_flags(p, argv)
     return args
+
+
+def used_flags(cfg):
+    """The resolved config less the flags that mean nothing for its method (methods.py: its `ignores`, and another
+    method's own settings): what the run's config line shows. The checkpoint's metadata keeps them all."""
+    m = methods.METHODS[cfg.loss]
+    return {k: v for k, v in vars(cfg).items()
+            if k not in m.ignores and methods.OWN_FLAGS.get(k, cfg.loss) == cfg.loss}
 
 
 def given_flags(parser, argv):

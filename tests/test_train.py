@@ -68,6 +68,22 @@ def test_full_run_writes_a_loadable_checkpoint(world):
     assert not list(world["tmp"].glob(".*tmp"))  # no temp files left behind
 
 
+@pytest.mark.parametrize("loss", list(train.methods.METHODS))
+def test_the_config_line_shows_only_the_flags_the_method_uses(loss):
+    m = train.methods.METHODS[loss]
+    shown = train.used_flags(train.methods.resolve_config(train.get_args(["--loss", loss, "--device", "cpu"])))
+    assert not set(shown) & set(m.ignores), (loss, set(shown) & set(m.ignores))
+    assert {"loss", "model", "seed", "out"} <= set(shown)
+    assert ("lam" in shown) == (m.side2 == "BERT_F") and ("template" in shown) == (loss == "promptbert")
+    assert ("whiten_dim" in shown) == (loss == "whitening")
+
+
+def test_the_config_line_is_printed_without_ignored_flags(world, capsys):
+    run(world, "--loss", "simcse", "--max-steps", "1")
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("sgbert "))
+    assert " loss=simcse " in line and " tau=0.05 " in line and "lam=" not in line and "layers=" not in line, line
+
+
 def test_frozen_parts_stay_frozen(world, monkeypatch):
     seen = {}
     load, save = bert.Bert.from_pretrained, checkpoint.save_checkpoint
