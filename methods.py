@@ -61,17 +61,20 @@ METHODS = {
     # SimCSE's, MLP in training only. Evaluated with the first template, not denoised. max_len: the sentence's tokens
     "promptbert": Method("BERT_T", sg_loss.opt2, head="mlp", pooling="prompt", eval_pooling="prompt", recipe=dict(
         tau=0.05, batch_size=256, max_len=32, lr=1e-5, template=prompt.TRAIN_TEMPLATES[0],
-        template2=prompt.TRAIN_TEMPLATES[1]), ignores=(*SG_ONLY, "aug1", "aug2", "pooling", "eval_pooling", "proj_size"),
+        template2=prompt.TRAIN_TEMPLATES[1]),
+        ignores=(*SG_ONLY, "aug1", "aug2", "pooling", "eval_pooling", "proj_size"),
         why="its two sides are BERT_T's [MASK] vectors in two templates: no BERT_F, no augmentation, no other pooling, "
             "an H x H MLP head"),
     # the paper's post-hoc baselines (posthoc.py; fit_posthoc below): BERT is not trained, a map of its first-last
-    # vectors is fitted. Flow: bohanli/BERT-flow's defaults (batch 64 sentences, AdamW 1e-3, BERT's dropout on)
-    # (precision: the vectors are made and the map fitted in fp32)
+    # vectors is fitted, in fp32. Flow: bohanli/BERT-flow's defaults (batch 64 sentences, AdamW 1e-3, BERT's dropout
+    # on). max_len 64: both codes read 64 tokens when they fit (bojone/BERT-whitening convert_to_vecs' maxlen,
+    # BERT-flow's scripts/train_siamese.sh --max_seq_length); the evaluation reads evaluate.py's 128, as every method's
     "whitening": Method("none", None, head="none", pooling="first-last", eval_pooling="first-last",
+                        recipe=dict(max_len=64),
                         ignores=(*CONTRASTIVE, *GRADIENT, "precision", "log_every"),
                         why="a closed-form fit in fp32: no contrast, no gradient steps"),
     "flow": Method("none", None, head="none", pooling="first-last", eval_pooling="first-last",
-                   recipe=dict(lr=1e-3, batch_size=64), ignores=(*CONTRASTIVE, "precision"),
+                   recipe=dict(lr=1e-3, batch_size=64, max_len=64), ignores=(*CONTRASTIVE, "precision"),
                    why="a flow fitted by likelihood in fp32: no contrast"),
 }
 DEFAULTS = dict(tau=0.01, lr=5e-5, batch_size=16, max_len=128, dropout="on", aug1="none", aug2="none")  # SG-OPT's
@@ -102,8 +105,9 @@ def add_method_flags(a):
       help="sentences per step (b); the other b-1 sentences are the negatives (method: 16 SG, 96 ConSERT, 64 SimCSE, "
       "256 PromptBERT)")
     a("--max-len", type=at_least(3, why="room for [CLS], one token and [SEP]"), help="tokens per sentence, [CLS]/[SEP] "
-      "included; longer ones are truncated (method: 128 SG, 64 ConSERT, 32 SimCSE; PromptBERT: 32 tokens of the "
-      "sentence alone, the template's come on top)")
+      "included; longer ones are truncated in training or fitting, never at evaluation, which reads evaluate.py's 128 "
+      "(method: 128 SG, 64 ConSERT, whitening and flow, 32 SimCSE; PromptBERT: 32 tokens of the sentence alone, the "
+      "template's come on top)")
     a("--dropout", choices=["on", "off"], help="BERT_T's own dropout in training; flow: BERT's dropout while it makes "
       "the vectors the flow is fitted on, as the BERT-flow code (method: off for ConSERT, else on)")
     a("--aug1", type=augmentation, help="augmentation of side 1's input (augment.py: none, shuffle, token-cutoff:R, "

@@ -213,14 +213,14 @@ class BertAdam(torch.optim.Optimizer):
                 p.sub_(group["lr"] * (m / (v.sqrt() + group["eps"]) + group["weight_decay"] * p))
 
 
-def fit_flow(x, epochs=1, batch_size=64, lr=1e-3, weight_decay=0.01, clip=1.0, seed=0, log=None, log_every=50,
+def fit_flow(x, epochs=1, batch_size=64, lr=1e-3, weight_decay=0.01, clip=0.5, seed=0, log=None, log_every=50,
              max_steps=0, init="data", optimizer="adamw", levels=3, depth=3, width=32):
     """Fit a Glow to the vectors x (n, H) by maximum likelihood: a constant lr, weight decay, global-norm clipping
     (the code's flow optimiser; optimizer "adamw" = torch's AdamW, "bert" = the code's BertAdam), betas 0.9/0.999,
     eps 1e-6, full shuffled batches (the code drops the remainder), `epochs` passes or `max_steps` (0 = no limit),
     whichever ends first. The Glow's init and the order come from `seed`; the global RNG is left as it was.
-    The code's loss is mean(side a) + mean(side b) over 32 pairs = 2 x our mean over 64, so its clip 1.0 is our 0.5
-    (Adam itself does not see the factor).
+    The code's loss is mean(side a) + mean(side b) over 32 pairs = 2 x our mean over 64, so its clip 1.0
+    (optimization_bert_flow.py, clip_by_global_norm) is our clip 0.5, the default (Adam itself does not see the factor).
     -> (the Glow in eval mode, {"steps", "losses": [[step, nll bits/dim]], "seconds"})."""
     x = torch.as_tensor(x).float()
     if x.ndim != 2 or not torch.isfinite(x).all():

@@ -505,7 +505,7 @@ def build_run(cfg, bert_F, tokenizer, examples, data_dir, device, rank=0, world=
     bert_T = copy.deepcopy(bert_F).train(cfg.dropout == "on").requires_grad_(True)
     bert_T.embeddings.requires_grad_(False)
     head = {"proj": lambda: sg_loss.ProjectionHead(H, cfg.proj_size), "none": torch.nn.Identity,
-            "mlp": lambda: torch.nn.Sequential(torch.nn.Linear(H, H), torch.nn.Tanh())}[
+            "mlp": lambda: mlp_head(H)}[
         "none" if cfg.no_proj else method.head]().to(device)
     torch.manual_seed(cfg.seed + rank)  # dropout: each process its own masks (rank 0 = one process's stream)
     # eps: transformers.AdamW's default; fused: one kernel over all parameters (about 5x faster than the loop on CPU)
@@ -539,6 +539,15 @@ def build_run(cfg, bert_F, tokenizer, examples, data_dir, device, rank=0, world=
                meta={"tokenizer": tokenizer.to_str(), "base_model": checkpoint.display_name(cfg.model), "args": vars(cfg),
                      "git": git_sha(), "pooling": cfg.eval_pooling, "method": cfg.loss,
                      **({"template": cfg.template} if templates else {})})
+
+
+def mlp_head(H):
+    """SimCSE's MLPLayer (PromptBERT's too): Linear H -> H, then Tanh. Initialised as both codes do it (cl_init calls
+    transformers' init_weights: weight N(0, 0.02), BERT's initializer_range; bias 0), not with torch's default."""
+    linear = torch.nn.Linear(H, H)
+    torch.nn.init.normal_(linear.weight, std=0.02)
+    torch.nn.init.zeros_(linear.bias)
+    return torch.nn.Sequential(linear, torch.nn.Tanh())
 
 
 def view_layers(spec, n_hidden):

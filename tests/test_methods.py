@@ -61,3 +61,8 @@ def test_proj_size_with_no_proj_is_refused(capsys):
     with pytest.raises(SystemExit) as e:
         methods.resolve_config(train.get_args(["--no-proj", "--proj-size", "16"]))
     assert e.value.code == 2 and "--proj-size means nothing with --no-proj" in capsys.readouterr().err
+
+
+def test_whitening_and_flow_fit_on_the_64_tokens_their_codes_read():
+    for loss in ("whitening", "flow"):
+        assert methods.resolve_config(train.get_args(["--loss", loss])).max_len == 64

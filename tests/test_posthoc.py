@@ -204,3 +204,25 @@ def test_config_and_state_round_trip():
         torch.testing.assert_close(again.eval()(v)[0], flow(v)[0], rtol=0, atol=0)
         torch.testing.assert_close(twin(v)[0], flow(v)[0], rtol=0, atol=0)
         assert not torch.allclose(other(v)[0], flow(v)[0])
+
+
+def test_fit_flow_clips_as_the_code():
+    """BERT-flow's loss is the sum of its two sides' means over 32 pairs (2 x our mean over the 64 vectors), clipped at
+    global norm 1.0 (optimization_bert_flow.py): fit_flow's default clip is the same clip on our mean, so the clipped
+    gradients are the code's over 2, whatever their norm (and Adam's step does not see the factor but through eps)."""
+    import inspect
+    clip = inspect.signature(posthoc.fit_flow).parameters["clip"].default
+    x = torch.randn(64, 8, generator=torch.Generator().manual_seed(0)) * 3 + 1
+    for scale in (1.0, 0.05, 20.0):  # gradient norms below, between and above the two clips
+        grads = []
+        for loss_of, c in ((lambda f: f.nll_bits(scale * x), clip),
+                           (lambda f: f.nll_bits(scale * x[:32]) + f.nll_bits(scale * x[32:]), 1.0)):
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(0)
+                flow = posthoc.Glow(8)
+            with torch.no_grad():
+                flow(x)  # the actnorms set on the same batch
+            loss_of(flow).backward()
+            torch.nn.utils.clip_grad_norm_(flow.parameters(), c)
+            grads.append(torch.cat([p.grad.flatten() for p in flow.parameters()]))
+        torch.testing.assert_close(grads[1], 2 * grads[0], rtol=1e-4, atol=1e-6)

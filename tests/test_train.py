@@ -590,3 +590,16 @@ def test_an_out_link_into_a_missing_folder_is_refused_before_training(world, cap
     out, err = capsys.readouterr()
     assert e.value.code == 2 and len(err.strip().splitlines()) == 1 and "step" not in out
     assert f"is a link to {world['tmp'] / 'missing' / 'sg.safetensors'}, which is in a folder that does not exist" in err
+
+
+def test_the_mlp_head_is_initialised_as_the_simcse_and_promptbert_codes_do(world, monkeypatch):
+    """Their cl_init runs transformers' init_weights: Linear weight N(0, initializer_range 0.02), bias 0."""
+    torch.manual_seed(0)
+    head = train.mlp_head(768)
+    w, b = head[0].weight, head[0].bias
+    assert abs(w.std().item() - 0.02) < 5e-4 and abs(w.mean().item()) < 5e-4 and not b.any()
+    assert isinstance(head[1], torch.nn.Tanh)
+    made, real = [], train.mlp_head
+    monkeypatch.setattr(train, "mlp_head", lambda H: made.append(H) or real(H))
+    run(world, "--loss", "simcse", "--max-steps", "1")
+    assert made == [32]
