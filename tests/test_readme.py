@@ -1,10 +1,17 @@
-"""The README's commands, read from README.md and followed in order as a reader on a fresh clone would: no command
+"""The README, read from README.md. Its commands followed in order as a reader on a fresh clone would: no command
 writes over what an earlier one wrote unless it says so (train.py --overwrite, export.py --force), so each block runs
-as written after the ones above it, and the Quick start can be run again."""
+as written after the ones above it, and the Quick start can be run again. Its "Use it from Python" snippet, run
+exactly as written in a folder where quickstart.safetensors is a checkpoint of the tiny random BERT (the vectors are
+random: that it runs and prints a 3 x 3 matrix of cosines with 1 on the diagonal is the point)."""
+import os
 import re
 import shlex
+import subprocess
+import sys
 
-from conftest import ROOT
+import numpy as np
+
+from conftest import ROOT, save_model, tiny_model_folder
 
 WRITERS = {"train.py": ("--overwrite", "sg.safetensors"), "export.py": ("--force", None)}  # flag, default output
 
@@ -71,3 +78,25 @@ def test_the_reader_is_parsed():
     assert [output_of(c) for _, c in blocks[1][1]] == [("train.py", "sg.safetensors", False),
                                                       ("export.py", "st", False), None]
     assert blocks[1][1][0][0] == 11  # the line the command starts on
+
+
+def snippet():
+    text = (ROOT / "README.md").read_text()
+    section = text.split("## Use it from Python", 1)[1].split("\n## ", 1)[0]
+    block = re.search(r"```python\n(.*?)```", section, re.S)
+    assert block, "README.md: the 'Use it from Python' section has no ```python block"
+    return block.group(1)
+
+
+def test_the_python_example_runs_as_written(tmp_path):
+    import bert
+    code = snippet()
+    assert len(code.strip().splitlines()) <= 12, "the example should stay short"
+    folder = tiny_model_folder(tmp_path / "tiny", words=["a", "man", "is", "playing", "guitar", "."])
+    model, tok = bert.Bert.from_pretrained(folder), bert.load_tokenizer(folder)
+    save_model(tmp_path / "quickstart.safetensors", model, {"tokenizer": tok.to_str()})
+    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 0, r.stderr
+    cos = np.array([[float(v) for v in re.findall(r"-?\d+\.\d*", row)] for row in r.stdout.strip().splitlines()])
+    assert cos.shape == (3, 3) and np.allclose(np.diag(cos), 1, atol=1e-3) and np.allclose(cos, cos.T), r.stdout
