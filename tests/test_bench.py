@@ -1,13 +1,15 @@
 """bench.py's references compute what they stand for: the step built from transformers with the official loss and
 regulariser gives the same losses as train.py's step, on a tiny random BERT. No timing here."""
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 import torch
 
 import bench
-from conftest import tiny_model_folder
+from conftest import ROOT, tiny_model_folder
 
 
 @pytest.fixture
@@ -99,3 +101,11 @@ def test_transfer_section_keeps_finished_tasks(tiny_folder, tmp_path, monkeypatc
     assert row["seconds"] == mr["seconds"] and row["avg_acc"] == {"ours": 80.0, "senteval": 79.5}
     assert np.array_equal(seen["ours"], seen["senteval"]) and seen["ours"].shape == (8, 32)
     assert "MR    ours" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only answer")
+def test_gpu_checks_on_a_machine_without_cuda_say_so_in_one_line_and_exit_0(tmp_path):
+    out = subprocess.run([sys.executable, str(ROOT / "bench.py"), "--only", "gpu", "--json", str(tmp_path / "b.json")],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "no CUDA device visible to torch" in out.stdout and json.loads((tmp_path / "b.json").read_text())["gpu"] is None
