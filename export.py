@@ -74,9 +74,10 @@ def folder_files(path, name, model, tok, meta):
     if bad:
         raise LoadError(f"{path}: non-finite weights (NaN or inf) in {', '.join(bad[:3])}"
                         + (f" and {len(bad) - 3} more" if len(bad) > 3 else "") + "; refusing to export them")
-    # the length transformers and sentence-transformers truncate to: training's --max-len, never past the positions
-    max_len = args.get("max_len")
-    max_len = min(max_len if type(max_len) is int and max_len > 0 else 512, cfg.max_position_embeddings)
+    # the length transformers and sentence-transformers truncate to: every evaluation's (evaluate.EVAL_MAX_LEN), never
+    # training's --max-len (SimCSE's 32 would cut what evaluate.py --ckpt reads), never past the positions
+    from evaluate import EVAL_MAX_LEN  # here: export of a plain folder needs none of evaluate's imports otherwise
+    max_len = min(EVAL_MAX_LEN, cfg.max_position_embeddings)
     tok.no_truncation()  # transformers and sentence-transformers truncate per call (model_max_length, max_seq_length)
     tj = json.loads(tok.to_str())
     if tj["model"]["type"] != "WordPiece":

@@ -91,7 +91,7 @@ def test_export_files_and_roundtrip(tiny_ckpt, tmp_path):
                                                                       if k.startswith("pooling_mode"))
     assert pooling == {"word_embedding_dimension": 32}
     assert [mod["path"] for mod in json.loads((out / "modules.json").read_text())] == ["", "1_Pooling"]
-    # no training args: max length falls back to the position table (64 here, 512 for BERT)
+    # evaluate.py's 128 tokens, capped by the position table (64 here)
     assert json.loads((out / "sentence_bert_config.json").read_text())["max_seq_length"] == 64
     assert json.loads((out / "tokenizer_config.json").read_text())["model_max_length"] == 64
     assert "no SG-BERT training recorded" in (out / "README.md").read_text()
@@ -114,8 +114,9 @@ def test_readme_reports_training(tiny_ckpt, tmp_path):
     for s in ("`tiny-bert`", "loss: `sg-opt`", "`tau=0.01`", "`lam=0.1`", "81.20 (step 350)", "pooling=\"cls\"",
               "last_hidden_state[:, 0]", "SentenceTransformer(\"out\")"):
         assert s in readme, s
-    assert json.loads((out / "sentence_bert_config.json").read_text()) == {"max_seq_length": 48, "do_lower_case": False}
-    assert json.loads((out / "tokenizer_config.json").read_text())["model_max_length"] == 48
+    # the length every evaluation reads (128, capped by the 64 positions here), not training's --max-len 48
+    assert json.loads((out / "sentence_bert_config.json").read_text()) == {"max_seq_length": 64, "do_lower_case": False}
+    assert json.loads((out / "tokenizer_config.json").read_text())["model_max_length"] == 64
     assert read_metadata(out / "model.safetensors")["args"] == args
 
 
@@ -157,7 +158,7 @@ def test_cli_refuses_non_empty_and_force_replaces(tiny_ckpt, tmp_path):
 
 def test_refuses_non_finite_weights_and_caps_the_length(tiny_ckpt, tmp_path, capsys):
     ckpt, m, tok = tiny_ckpt
-    for max_len, want in [(1000, 64), ("48", 64), (-1, 64), (None, 64), (32, 32)]:  # 64 = max_position_embeddings
+    for max_len, want in [(1000, 64), ("48", 64), (-1, 64), (None, 64), (32, 64)]:  # 64 = max_position_embeddings
         save_model(ckpt, m, {"tokenizer": tok.to_str(), "args": {"max_len": max_len}})
         out = export(ckpt, tmp_path / f"out-{max_len}")
         assert json.loads((out / "tokenizer_config.json").read_text())["model_max_length"] == want
@@ -417,7 +418,7 @@ def test_sentence_transformers_uses_cls(exported, monkeypatch):
     model = st.SentenceTransformer(str(out), device="cpu")
     cfg = model[1].get_config_dict()
     assert cfg.get("pooling_mode") == "cls" or cfg.get("pooling_mode_cls_token") is True, cfg
-    assert model.max_seq_length == 64
+    assert model.max_seq_length == 128  # evaluate.py's length, not the run's --max-len 64
     theirs = model.encode(SENTS, batch_size=16, convert_to_numpy=True)
     ours = encode(m, tok, SENTS, pooling="cls")
     cos = lambda a, b: (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
