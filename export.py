@@ -44,6 +44,9 @@ def export(src, out_dir, force=False):
             raise FileExistsError(f"{out} is not empty; pass --force to replace it")
         path = checkpoint.resolve(src)
         meta = checkpoint.read_metadata(path) if path.suffix == ".safetensors" else {"base_model": checkpoint.display_name(src)}
+        if path.suffix == ".safetensors":  # its pooling, template and transform as evaluate.py checks them
+            from evaluate import check_metadata
+            check_metadata(path, meta, checkpoint.tensor_names(path))
         model, tok = Bert.from_pretrained(path), bert.load_tokenizer(path)
         files = folder_files(path, out.name, model, tok, meta)
         tmp = checkpoint.temp_path(out)

@@ -527,3 +527,11 @@ def test_an_export_onto_a_symlinked_folder_keeps_the_link(tiny_ckpt, tmp_path):
     assert same_weights(Bert.from_pretrained(link), m)
     assert hidden(tmp_path) == [] and sorted(p.name for p in tmp_path.iterdir()) == ["link", "real", "sg.safetensors",
                                                                                        "vocab.txt"]
+
+
+def test_metadata_that_breaks_the_schema_is_not_exported(tiny_ckpt, tmp_path):
+    path, m, tok = tiny_ckpt
+    save_model(path, m, {"tokenizer": tok.to_str(), "pooling": "first-lats"})
+    r = cli(path, tmp_path / "out")
+    assert r.returncode == 2 and "metadata 'pooling' is 'first-lats'" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
