@@ -334,8 +334,12 @@ class BestCheckpoint:
 
     def save(self, model, step, dev):
         meta = {**self.run.meta, "config": model.config.to_dict(), "best": {"step": step, "dev": dev}}
+        tensors = model.tensors()
+        bad = [k for k, v in tensors.items() if v.is_floating_point() and not torch.isfinite(v).all()]
+        if bad:  # never kept, whatever its score
+            die(f"non-finite weights (NaN or inf) in {', '.join(bad[:2])} at step {step}; {self.kept()}")
         try:
-            checkpoint.save_checkpoint(self.out, model.tensors(), meta)
+            checkpoint.save_checkpoint(self.out, tensors, meta)
         except OSError as e:  # e.g. a full disk: the file in place is intact (the write is atomic)
             die(f"cannot write {self.out} ({e.strerror or e}); {self.kept()}")
         self.saved = {"step": step, "dev": dev}  # only once the file is in place

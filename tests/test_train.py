@@ -603,3 +603,24 @@ def test_the_mlp_head_is_initialised_as_the_simcse_and_promptbert_codes_do(world
     monkeypatch.setattr(train, "mlp_head", lambda H: made.append(H) or real(H))
     run(world, "--loss", "simcse", "--max-steps", "1")
     assert made == [32]
+
+
+def test_non_finite_weights_are_never_kept(world, monkeypatch, capsys):
+    """Weights that went NaN while the dev score still reads a number: the run stops in one line, the old --out kept."""
+    run(world)
+    before = world["out"].read_bytes()
+    real = train.BestCheckpoint.offer
+
+    def poisoned(self, step, dev):
+        if step:
+            with torch.no_grad():
+                train.raw(self.run.bert_T).encoder.layer[0].output.dense.bias[0] = float("nan")
+        return real(self, step, dev)
+    monkeypatch.setattr(train.BestCheckpoint, "offer", poisoned)
+    monkeypatch.setattr(train, "early_stop", lambda *a: False)
+    scores = iter(range(50, 100))
+    monkeypatch.setattr(evaluate, "stsb_spearman", lambda *a, **k: float(next(scores)))  # each one a new best
+    with pytest.raises(SystemExit) as e:
+        run(world, "--overwrite", "--eval-every", "1")
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "non-finite weights" in err and world["out"].read_bytes() == before
