@@ -57,8 +57,9 @@ EXAMPLES = """examples:
   python experiments.py report table5 --out results
   python experiments.py report figure4 --out results --plot figure4.png
 
-Any other flag goes to train.py (e.g. --max-steps 300, --device cpu); evaluate.py runs get --device and
---eval-batch-size (as its --batch-size)."""
+Any other flag goes to every train.py run whose method takes it (methods.py: --whiten-dim to the whitening only,
+--proj-size to the rows with the head f; e.g. --max-steps 300, --device cpu); evaluate.py runs get --device and
+--eval-batch-size (as its --batch-size). A flag that no run of the sweep takes is refused."""
 
 
 @dataclass
