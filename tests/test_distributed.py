@@ -64,9 +64,15 @@ def test_two_processes_equal_one(world, loss):
     for (_, a), (_, b) in zip(one["losses"], two["losses"]):
         assert abs(a - b) <= 1e-5 * max(1, abs(a)), (one["losses"], two["losses"])
     assert two["best_step"] == one["best_step"]
+    # (!!) Not fp32 rounding of the weights: Adam divides each gradient by its running RMS (+ eps 1e-6), so where a
+    # gradient is near eps, the rounding difference of a batch summed as 4 + 4 (two processes) instead of 8 becomes a
+    # step difference of up to a few % of lr (measured: 1.06e-5 on a LayerNorm bias, 1 thread). The bound is 1% of
+    # the farthest Adam moves a weight, --max-steps x --lr; a gradient lost between ranks moves weights by whole
+    # steps of lr (and shows in the losses above).
+    atol = 0.01 * 4 * 1e-3
     a, b = bert.Bert.from_pretrained(world["tmp"] / "one.safetensors"), bert.Bert.from_pretrained(out)
     for (k, x), y in zip(a.state_dict().items(), b.state_dict().values()):
-        torch.testing.assert_close(y, x, rtol=1e-5, atol=1e-5, msg=k)
+        torch.testing.assert_close(y, x, rtol=1e-5, atol=atol, msg=k)
 
 
 def test_a_batch_that_does_not_divide_is_refused(world):
