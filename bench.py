@@ -938,10 +938,10 @@ def bench_pretrain(results, args):
     pargs = pretrain.get_args(["--tokenizer", str(path), "--steps", "100", "--device", device.type,
                                *(["--data-dir", args.data_dir] if args.data_dir else [])])
     try:
-        run, _ = pretrain.prepare(torch, bert, pargs)
+        run, _ = pretrain.prepare(pargs)
     except SystemExit:
         return skip(results, "pretrain", "no data folder (the pretraining text): set SG_DATA or --data-dir")
-    model, head, opt = pretrain.build(torch, bert, pargs, run["vocab_size"])
+    model, head, opt = pretrain.build(pargs, run["vocab_size"])
     cfg = model.config
     ref = BertForMaskedLM(HFConfig(**{**cfg.to_dict(), "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0},
                                    attn_implementation="sdpa")).to(device).train()
@@ -955,7 +955,7 @@ def bench_pretrain(results, args):
     rest = [p for n, p in ref.named_parameters() if n.endswith("bias") or "LayerNorm" in n]
     ref_opt = torch.optim.AdamW([{"params": decay, "weight_decay": pargs.weight_decay},
                                  {"params": rest, "weight_decay": 0.0}], lr=1e-4, betas=(0.9, 0.98), eps=1e-6)
-    batches = [pretrain.step_batch(torch, bert, run, run["order"].batch(i), run["order"].generator(i))
+    batches = [pretrain.step_batch(run, run["order"].batch(i), run["order"].generator(i))
                for i in range(8)]
     full_labels = []
     for inputs, mask, rows, labels in batches:  # the same masks as -100-elsewhere labels, transformers' form
@@ -974,7 +974,7 @@ def bench_pretrain(results, args):
 
     def run_ours():
         i = next(it["sgbert"])
-        pretrain.mlm_step(torch, model, head, opt, tracked, batches[i], 1e-4, pargs.clip)
+        pretrain.mlm_step(model, head, opt, tracked, batches[i], 1e-4, pargs.clip)
         tokens["sgbert"].append(int(batches[i][1].sum()))
 
     def run_ref():

@@ -56,311 +56,7 @@ STATE_KEYS = ("name", "layers", "hidden", "heads", "ffn", "max_len", "steps", "b
               "weight_decay", "clip", "dropout", "mask_prob", "seed", "threads", "device", "text")  # what a resume must match
 
 # -----------------------------------------------------------------------------
-# the text
-
-
-def normal(s):
-    """A sentence as the evaluation-sentence filter compares it: lower case, letters and digits only (so a raw STS-B
-    sentence matches its Moses-tokenized copy in the SentEval files: "doesn't" == "doesn 't")."""
-    return "".join(c for c in s.lower() if c.isalnum())
-
-
-def evaluation_sentences(data_dir):
-    """Every sentence of the 7 STS tasks' test data (normalized): STS12-16's input files line by line (unscored pairs
-    too), STS-B test (the SentEval csv and the test rows of stsbenchmark.tsv.gz), SICK-R test."""
-    d, out = Path(data_dir), set()
-    for task in data.TASKS[:5]:
-        for f in sorted((d / "senteval" / "STS" / f"{task}-en-test").glob("STS.input.*.txt")):
-            out.update(normal(s) for line in data.read_lines(f, d) for s in line.split("\t"))
-    for s1, s2, _ in [data.load_stsb("test", d), data.load_sick(d)]:
-        out.update(map(normal, s1 + s2))
-    out.update(normal(s) for r in data.read_stsb_tsv(d / data.STSB_FILE) if r[0] == "test" for s in r[6:8])
-    out.discard("")
-    return out
-
-
-def corpus(data_dir, text=None):
-    """(sentences, sources): the pretraining text in a fixed order, each distinct sentence once, none of them an
-    evaluation sentence (when data_dir is given); sources = [{name, read, kept}] per source, for the record.
-    text: a file of one sentence per line, in place of the shared data's text."""
-    d = data_dir and Path(data_dir)
-    if text:
-        if Path(text).suffix.lower() == ".tsv":
-            raise data.DataError(f"--text {text}: give a text file of one sentence per line (a .tsv is read as pairs)")
-        parts = [(f"--text {Path(text).name}", data.training_sentences(text))]
-    else:
-        stsb = [s for r in data.read_stsb_tsv(d / data.STSB_FILE) if r[0] in ("train", "dev") for s in r[6:8]]
-        parts = [("STS-B train+dev (stsbenchmark.tsv.gz)", stsb)]
-        for task in data.TRANSFER:
-            splits = data.load_transfer(task, d)
-            parts.append((f"SentEval {task}", [s for x, _ in splits.values() for e in x
-                                               for s in (e if isinstance(e, tuple) else (e,))]))
-    banned, seen = evaluation_sentences(d) if d else set(), set()
-    sentences, sources = [], []
-    for name, texts in parts:
-        kept = 0
-        for s in texts:
-            s = " ".join(s.split())
-            key = normal(s)
-            if key and key not in banned and key not in seen:
-                seen.add(key)
-                sentences.append(s)
-                kept += 1
-        sources.append({"name": name, "read": len(texts), "kept": kept})
-    return sentences, sources
-
-
-def held_out(sentence):
-    """The fixed 1% scored at the end: chosen by a hash of the text, the same for every seed and machine."""
-    return int(hashlib.sha256(sentence.encode()).hexdigest(), 16) % 100 == 0
-
-# -----------------------------------------------------------------------------
-# the model: bert.py's encoder and BERT's MLM head
-
-
-def make_head(torch, cfg):
-    """BERT's MLM head, named as HF's cls.predictions.*: transform (dense + GELU + LayerNorm) and the output bias; the
-    decoder matrix is the word-embedding matrix (tied), passed to mlm_logits."""
-    nn, H = torch.nn, cfg.hidden_size
-    head = nn.Module()
-    head.transform = nn.ModuleDict(dict(dense=nn.Linear(H, H), LayerNorm=nn.LayerNorm(H, eps=cfg.layer_norm_eps)))
-    head.bias = nn.Parameter(torch.zeros(cfg.vocab_size))
-    nn.init.normal_(head.transform.dense.weight, std=0.02)
-    nn.init.zeros_(head.transform.dense.bias)
-    return head
-
-
-def mlm_logits(model, head, ids, mask, rows=None):
-    """Logits over the vocabulary (N, V) of the last layer's tokens: all of them (rows None) or the flat (B * T)
-    indices `rows` only (the masked ones: sparse prediction)."""
-    import torch.nn.functional as F
-    x = model(ids, mask)[-1].flatten(0, 1)  # (B * T, H)
-    x = x if rows is None else x[rows]
-    t = head.transform
-    x = t.LayerNorm(F.gelu(t.dense(x), approximate=model.encoder.layer[0].gelu))
-    return F.linear(x, model.embeddings.word_embeddings.weight, head.bias)  # tied decoder
-
-
-def mask_tokens(torch, ids, mask, special, vocab_size, mask_id, prob, gen):
-    """BERT's masking of a (B, T) batch: each real, non-special token chosen with probability prob; of the chosen,
-    80% -> [MASK], 10% -> a random token, 10% unchanged. Returns (inputs, flat indices of the chosen, their labels)."""
-    u = torch.rand(ids.shape, generator=gen)
-    chosen = (u < prob) & mask.bool() & ~torch.isin(ids, special)
-    r = torch.rand(ids.shape, generator=gen)
-    rand_ids = torch.randint(vocab_size, ids.shape, generator=gen)
-    inputs = torch.where(chosen & (r < 0.8), mask_id, ids)
-    inputs = torch.where(chosen & (r >= 0.8) & (r < 0.9), rand_ids, inputs)
-    rows = chosen.flatten().nonzero().squeeze(1)
-    return inputs, rows, ids.flatten()[rows]
-
-# -----------------------------------------------------------------------------
-# the data order: a pure function of (seed, step)
-
-
-def epoch_batches(torch, lengths, batch_size, seed, epoch):
-    """The batches (lists of sentence indices) of one epoch: a seeded shuffle, then within each window of 50 batches
-    the sentences sorted by length (little padding) and the window's batches shuffled again."""
-    g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
-    perm = torch.randperm(len(lengths), generator=g).tolist()
-    n = len(perm) // batch_size * batch_size  # full batches only: every step sees batch_size sentences
-    out, window = [], 50 * batch_size
-    for s in range(0, n, window):
-        part = sorted(perm[s:min(s + window, n)], key=lambda i: lengths[i])
-        chunk = [part[i:i + batch_size] for i in range(0, len(part), batch_size)]
-        out += [chunk[i] for i in torch.randperm(len(chunk), generator=g).tolist()]
-    return out
-
-
-class Order:
-    """batch(step) -> sentence indices, over as many epochs as the steps need; the masks' generator of a step."""
-
-    def __init__(self, torch, lengths, batch_size, seed):
-        self.torch, self.lengths, self.b, self.seed = torch, lengths, batch_size, seed
-        self.per_epoch = len(lengths) // batch_size
-        self.cache = (None, None)
-
-    def batch(self, step):
-        epoch, i = divmod(step, self.per_epoch)
-        if self.cache[0] != epoch:
-            self.cache = (epoch, epoch_batches(self.torch, self.lengths, self.b, self.seed, epoch))
-        return self.cache[1][i]
-
-    def generator(self, step):
-        return self.torch.Generator().manual_seed(self.seed * 1_000_003 + 500_000 + step)
-
-# -----------------------------------------------------------------------------
-# training
-
-
-def get_lr(step, total, peak, warmup):
-    """Linear warm-up over the first `warmup` fraction of the steps, then linear decay to 0."""
-    w = max(1, math.ceil(warmup * total))
-    return peak * (step + 1) / w if step < w else peak * max(0.0, (total - step) / max(1, total - w))
-
-
-def build(torch, bert, args, vocab_size):
-    """The encoder (dropout as --dropout) and the head, BERT's init, on the device; the AdamW optimizer."""
-    cfg = bert.BertConfig(vocab_size=vocab_size, hidden_size=args.hidden, num_hidden_layers=args.layers,
-                          num_attention_heads=args.heads, intermediate_size=args.ffn or 4 * args.hidden,
-                          max_position_embeddings=args.max_len, hidden_dropout_prob=args.dropout,
-                          attention_probs_dropout_prob=args.dropout)
-    torch.manual_seed(args.seed)
-    model, head = bert.Bert(cfg), make_head(torch, cfg)
-    model, head = model.to(args.device).train(), head.to(args.device).train()
-    params = [(n, p) for m in (model, head) for n, p in m.named_parameters()]
-    decay = [p for n, p in params if not (n.endswith("bias") or "LayerNorm" in n)]
-    rest = [p for n, p in params if n.endswith("bias") or "LayerNorm" in n]
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
-                                   {"params": rest, "weight_decay": 0.0}], lr=args.lr, betas=(0.9, 0.98), eps=1e-6,
-                                  fused=True)
-    return model, head, optimizer
-
-
-def step_batch(torch, bert, run, idx, gen):
-    """(inputs, mask, chosen rows, labels) of the sentences idx, masked with gen, on the device."""
-    ids, mask = bert.batch_tensors([run["encodings"][i] for i in idx], 0)
-    inputs, rows, labels = mask_tokens(torch, ids, mask, run["special"], run["vocab_size"], run["mask_id"],
-                                       run["args"].mask_prob, gen)
-    dev = run["args"].device
-    return inputs.to(dev), mask.to(dev), rows.to(dev), labels.to(dev)
-
-
-def mlm_step(torch, model, head, optimizer, tracked, batch, lr, clip):
-    """One optimisation step on a masked batch (inputs, mask, chosen rows, labels): the MLM loss at the chosen
-    positions, backward, clip, AdamW at lr. Returns the loss and the logits (detached: for the log's accuracy)."""
-    inputs, mask, rows, labels = batch
-    logits = mlm_logits(model, head, inputs, mask, rows).float()
-    loss = torch.nn.functional.cross_entropy(logits, labels) if len(rows) else logits.sum() * 0
-    optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(tracked, clip)
-    for g in optimizer.param_groups:
-        g["lr"] = lr
-    optimizer.step()
-    return loss.detach(), logits.detach()
-
-
-def train(torch, bert, run, model, head, optimizer, state):
-    """The loop: from state['step'] to --steps, a log line every --log-every steps, the resume state every
-    --save-every steps."""
-    args, order = run["args"], run["order"]
-    tracked = [p for g in optimizer.param_groups for p in g["params"]]
-    t0, tok, done0 = time.perf_counter(), 0, state["step"]
-    loss_sum, correct, n_masked = torch.zeros(()), torch.zeros(()), 0
-    for step in range(state["step"], args.steps):
-        torch.manual_seed(args.seed * 1_000_003 + step)  # dropout's draws, when --dropout > 0
-        idx = order.batch(step)
-        inputs, mask, rows, labels = step_batch(torch, bert, run, idx, order.generator(step))
-        lr = get_lr(step, args.steps, args.lr, args.warmup)
-        loss, logits = mlm_step(torch, model, head, optimizer, tracked, (inputs, mask, rows, labels), lr, args.clip)
-        loss_sum += loss * len(rows)
-        correct += (logits.argmax(1) == labels).sum()
-        n_masked, tok = n_masked + len(rows), tok + int(mask.sum())
-        state["step"] = step + 1
-        if state["step"] % args.log_every == 0 or state["step"] == args.steps:
-            dt = time.perf_counter() - t0
-            l, a = loss_sum.item() / max(n_masked, 1), correct.item() / max(n_masked, 1)
-            state["history"].append([state["step"], round(l, 5), round(a, 5)])
-            eta = (args.steps - state["step"]) * dt / (state["step"] - done0)
-            print(f"step {state['step']}/{args.steps} | mlm loss {l:.4f} | mlm acc {a:.4f} | "
-                  f"lr {get_lr(step, args.steps, args.lr, args.warmup):.2e} | {tok / dt:,.0f} tok/s | "
-                  f"ETA {eta / 60:.1f} min", flush=True)
-            state["tokens"] += tok
-            state["seconds"] += dt
-            t0, tok, done0 = time.perf_counter(), 0, state["step"]
-            loss_sum.zero_(), correct.zero_()
-            n_masked = 0
-        if state["step"] % args.save_every == 0 and state["step"] < args.steps:
-            save_state(torch, run["state_file"], model, head, optimizer, state)
-
-
-def score_held_out(torch, bert, run, model, head):
-    """MLM loss and accuracy on the held-out sentences, masked with a fixed generator (the same for every seed)."""
-    import torch.nn.functional as F
-    model.eval()
-    held, b = run["held"], run["args"].batch_size
-    g = torch.Generator().manual_seed(1234)
-    loss, correct, n = 0.0, 0, 0
-    with torch.inference_mode():
-        for s in range(0, len(held), b):
-            inputs, mask, rows, labels = step_batch(torch, bert, run, held[s:s + b], g)
-            logits = mlm_logits(model, head, inputs, mask, rows).float()
-            loss += F.cross_entropy(logits, labels, reduction="sum").item()
-            correct += int((logits.argmax(1) == labels).sum())
-            n += len(rows)
-    return {"sentences": len(held), "masked_tokens": n, "mlm_loss": loss / max(n, 1), "mlm_acc": correct / max(n, 1)}
-
-# -----------------------------------------------------------------------------
-# files: the resume state and the model folder
-
-
-def save_state(torch, path, model, head, optimizer, state):
-    """The resume state (model, head, optimizer, step, log), atomically."""
-    blob = {"model": model.state_dict(), "head": head.state_dict(), "optimizer": optimizer.state_dict(), **state}
-    checkpoint.atomic_write(path, lambda f: torch.save(blob, f))
-    print(f"resume state saved at step {state['step']} ({path})", flush=True)
-
-
-def load_state(torch, path, model, head, optimizer, args):
-    """The state of an earlier run of the same command; a state of other flags is refused in one line."""
-    try:
-        blob = torch.load(path, map_location=args.device, weights_only=False)
-        model.load_state_dict(blob["model"])
-        head.load_state_dict(blob["head"])
-        optimizer.load_state_dict(blob["optimizer"])
-    except Exception as e:  # a torn or foreign file: say which and what to do
-        die(f"{path}: cannot resume from it ({type(e).__name__}: {str(e)[:120]}); remove it or pass --fresh")
-    old = blob["args"]
-    diff = ", ".join(f"--{k.replace('_', '-')} {old.get(k)}" for k in STATE_KEYS if old.get(k) != getattr(args, k))
-    if diff:
-        die(f"{path} is the state of a run with other flags ({diff}); re-run with those flags to resume it, "
-            "or pass --fresh to start over")
-    print(f"resuming from step {blob['step']} ({path})", flush=True)
-    return {k: blob[k] for k in ("args", "step", "history", "tokens", "seconds")}
-
-
-def identity(args):
-    return {k: getattr(args, k) for k in STATE_KEYS}
-
-
-def git_sha():
-    import subprocess
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=Path(__file__).parent, timeout=5).stdout.strip() or "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
-
-def write_folder(torch, dest, model, head, tokenizer, record):
-    """The model folder, atomically (a temp folder renamed into place): config.json (BERT's dropout 0.1),
-    model.safetensors (bert.* and cls.predictions.* keys, fixed byte order), tokenizer.json, vocab.txt, pretrain.json
-    (the record, with the sha256 of model.safetensors)."""
-    cfg = {**model.config.to_dict(), "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1,
-           "architectures": ["BertForMaskedLM"], "model_type": "bert", "initializer_range": 0.02}
-    tensors = {"bert." + k: v.detach().cpu().float() for k, v in model.state_dict().items()}
-    tensors.update({"cls.predictions." + k: v.detach().cpu().float() for k, v in head.state_dict().items()})
-    tmp = checkpoint.temp_path(dest)
-    checkpoint.clean_leftovers(dest)
-    try:
-        tmp.mkdir()
-        checkpoint.atomic_write(tmp / "model.safetensors",
-                                lambda f: checkpoint.write_safetensors(f, tensors, {"format": "pt"}))
-        checkpoint.write_text(tmp / "config.json", json.dumps(cfg, indent=2, sort_keys=True) + "\n")
-        checkpoint.write_text(tmp / "tokenizer.json", tokenizer.to_str())
-        vocab = sorted(tokenizer.get_vocab(with_added_tokens=True).items(), key=lambda kv: kv[1])
-        checkpoint.write_text(tmp / "vocab.txt", "".join(w + "\n" for w, _ in vocab))
-        record["sha256"] = {f: checkpoint.file_sha256(tmp / f) for f in ("model.safetensors", "tokenizer.json")}
-        checkpoint.write_json(tmp / "pretrain.json", record)
-        if dest.exists():
-            shutil.rmtree(dest)  # --overwrite was given (checked at the start)
-        tmp.rename(dest)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return record
-
-# -----------------------------------------------------------------------------
-# the command line
+# the command line, parsed before the heavy imports: --help and a bad flag answer at once
 
 
 def get_args(argv=None):
@@ -423,7 +119,323 @@ def _at_least(low, kind):
     return parse
 
 
-def find_tokenizer(bert, spec):
+if __name__ == "__main__":
+    get_args()  # exits here on --help or a bad flag; main() parses again, after the imports below
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import bert
+
+# -----------------------------------------------------------------------------
+# the text
+
+
+def normal(s):
+    """A sentence as the evaluation-sentence filter compares it: lower case, letters and digits only (so a raw STS-B
+    sentence matches its Moses-tokenized copy in the SentEval files: "doesn't" == "doesn 't")."""
+    return "".join(c for c in s.lower() if c.isalnum())
+
+
+def evaluation_sentences(data_dir):
+    """Every sentence of the 7 STS tasks' test data (normalized): STS12-16's input files line by line (unscored pairs
+    too), STS-B test (the SentEval csv and the test rows of stsbenchmark.tsv.gz), SICK-R test."""
+    d, out = Path(data_dir), set()
+    for task in data.TASKS[:5]:
+        for f in sorted((d / "senteval" / "STS" / f"{task}-en-test").glob("STS.input.*.txt")):
+            out.update(normal(s) for line in data.read_lines(f, d) for s in line.split("\t"))
+    for s1, s2, _ in [data.load_stsb("test", d), data.load_sick(d)]:
+        out.update(map(normal, s1 + s2))
+    out.update(normal(s) for r in data.read_stsb_tsv(d / data.STSB_FILE) if r[0] == "test" for s in r[6:8])
+    out.discard("")
+    return out
+
+
+def corpus(data_dir, text=None):
+    """(sentences, sources): the pretraining text in a fixed order, each distinct sentence once, none of them an
+    evaluation sentence (when data_dir is given); sources = [{name, read, kept}] per source, for the record.
+    text: a file of one sentence per line, in place of the shared data's text."""
+    d = data_dir and Path(data_dir)
+    if text:
+        if Path(text).suffix.lower() == ".tsv":
+            raise data.DataError(f"--text {text}: give a text file of one sentence per line (a .tsv is read as pairs)")
+        parts = [(f"--text {Path(text).name}", data.training_sentences(text))]
+    else:
+        stsb = [s for r in data.read_stsb_tsv(d / data.STSB_FILE) if r[0] in ("train", "dev") for s in r[6:8]]
+        parts = [("STS-B train+dev (stsbenchmark.tsv.gz)", stsb)]
+        for task in data.TRANSFER:
+            splits = data.load_transfer(task, d)
+            parts.append((f"SentEval {task}", [s for x, _ in splits.values() for e in x
+                                               for s in (e if isinstance(e, tuple) else (e,))]))
+    banned, seen = evaluation_sentences(d) if d else set(), set()
+    sentences, sources = [], []
+    for name, texts in parts:
+        kept = 0
+        for s in texts:
+            s = " ".join(s.split())
+            key = normal(s)
+            if key and key not in banned and key not in seen:
+                seen.add(key)
+                sentences.append(s)
+                kept += 1
+        sources.append({"name": name, "read": len(texts), "kept": kept})
+    return sentences, sources
+
+
+def held_out(sentence):
+    """The fixed 1% scored at the end: chosen by a hash of the text, the same for every seed and machine."""
+    return int(hashlib.sha256(sentence.encode()).hexdigest(), 16) % 100 == 0
+
+# -----------------------------------------------------------------------------
+# the model: bert.py's encoder and BERT's MLM head
+
+
+def make_head(cfg):
+    """BERT's MLM head, named as HF's cls.predictions.*: transform (dense + GELU + LayerNorm) and the output bias; the
+    decoder matrix is the word-embedding matrix (tied), passed to mlm_logits."""
+    H = cfg.hidden_size
+    head = nn.Module()
+    head.transform = nn.ModuleDict(dict(dense=nn.Linear(H, H), LayerNorm=nn.LayerNorm(H, eps=cfg.layer_norm_eps)))
+    head.bias = nn.Parameter(torch.zeros(cfg.vocab_size))
+    nn.init.normal_(head.transform.dense.weight, std=0.02)
+    nn.init.zeros_(head.transform.dense.bias)
+    return head
+
+
+def mlm_logits(model, head, ids, mask, rows=None):
+    """Logits over the vocabulary (N, V) of the last layer's tokens: all of them (rows None) or the flat (B * T)
+    indices `rows` only (the masked ones: sparse prediction)."""
+    x = model(ids, mask)[-1].flatten(0, 1)  # (B * T, H)
+    x = x if rows is None else x[rows]
+    t = head.transform
+    x = t.LayerNorm(F.gelu(t.dense(x), approximate=model.encoder.layer[0].gelu))
+    return F.linear(x, model.embeddings.word_embeddings.weight, head.bias)  # tied decoder
+
+
+def mask_tokens(ids, mask, special, vocab_size, mask_id, prob, gen):
+    """BERT's masking of a (B, T) batch: each real, non-special token chosen with probability prob; of the chosen,
+    80% -> [MASK], 10% -> a random token, 10% unchanged. Returns (inputs, flat indices of the chosen, their labels)."""
+    u = torch.rand(ids.shape, generator=gen)
+    chosen = (u < prob) & mask.bool() & ~torch.isin(ids, special)
+    r = torch.rand(ids.shape, generator=gen)
+    rand_ids = torch.randint(vocab_size, ids.shape, generator=gen)
+    inputs = torch.where(chosen & (r < 0.8), mask_id, ids)
+    inputs = torch.where(chosen & (r >= 0.8) & (r < 0.9), rand_ids, inputs)
+    rows = chosen.flatten().nonzero().squeeze(1)
+    return inputs, rows, ids.flatten()[rows]
+
+# -----------------------------------------------------------------------------
+# the data order: a pure function of (seed, step)
+
+
+def epoch_batches(lengths, batch_size, seed, epoch):
+    """The batches (lists of sentence indices) of one epoch: a seeded shuffle, then within each window of 50 batches
+    the sentences sorted by length (little padding) and the window's batches shuffled again."""
+    g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+    perm = torch.randperm(len(lengths), generator=g).tolist()
+    n = len(perm) // batch_size * batch_size  # full batches only: every step sees batch_size sentences
+    out, window = [], 50 * batch_size
+    for s in range(0, n, window):
+        part = sorted(perm[s:min(s + window, n)], key=lambda i: lengths[i])
+        chunk = [part[i:i + batch_size] for i in range(0, len(part), batch_size)]
+        out += [chunk[i] for i in torch.randperm(len(chunk), generator=g).tolist()]
+    return out
+
+
+class Order:
+    """batch(step) -> the step's sentences (indices into the corpus, drawn from `idx`, the training sentences), over as
+    many epochs as the steps need; generator(step) -> the step's masks' generator."""
+
+    def __init__(self, idx, lengths, batch_size, seed):
+        self.idx, self.lengths, self.b, self.seed = idx, lengths, batch_size, seed
+        self.per_epoch = len(idx) // batch_size
+        self.cache = (None, None)
+
+    def batch(self, step):
+        epoch, i = divmod(step, self.per_epoch)
+        if self.cache[0] != epoch:
+            self.cache = (epoch, epoch_batches(self.lengths, self.b, self.seed, epoch))
+        return [self.idx[j] for j in self.cache[1][i]]
+
+    def generator(self, step):
+        return torch.Generator().manual_seed(self.seed * 1_000_003 + 500_000 + step)
+
+# -----------------------------------------------------------------------------
+# training
+
+
+def get_lr(step, total, peak, warmup):
+    """Linear warm-up over the first `warmup` fraction of the steps, then linear decay to 0."""
+    w = max(1, math.ceil(warmup * total))
+    return peak * (step + 1) / w if step < w else peak * max(0.0, (total - step) / max(1, total - w))
+
+
+def build(args, vocab_size):
+    """The encoder (dropout as --dropout) and the head, BERT's init, on the device; the AdamW optimizer."""
+    cfg = bert.BertConfig(vocab_size=vocab_size, hidden_size=args.hidden, num_hidden_layers=args.layers,
+                          num_attention_heads=args.heads, intermediate_size=args.ffn or 4 * args.hidden,
+                          max_position_embeddings=args.max_len, hidden_dropout_prob=args.dropout,
+                          attention_probs_dropout_prob=args.dropout)
+    torch.manual_seed(args.seed)
+    model, head = bert.Bert(cfg), make_head(cfg)
+    model, head = model.to(args.device).train(), head.to(args.device).train()
+    params = [(n, p) for m in (model, head) for n, p in m.named_parameters()]
+    decay = [p for n, p in params if not (n.endswith("bias") or "LayerNorm" in n)]
+    rest = [p for n, p in params if n.endswith("bias") or "LayerNorm" in n]
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
+                                   {"params": rest, "weight_decay": 0.0}], lr=args.lr, betas=(0.9, 0.98), eps=1e-6,
+                                  fused=True)
+    return model, head, optimizer
+
+
+def step_batch(run, idx, gen):
+    """(inputs, mask, chosen rows, labels) of the sentences idx, masked with gen, on the device."""
+    ids, mask = bert.batch_tensors([run["encodings"][i] for i in idx], 0)
+    inputs, rows, labels = mask_tokens(ids, mask, run["special"], run["vocab_size"], run["mask_id"],
+                                       run["args"].mask_prob, gen)
+    dev = run["args"].device
+    return inputs.to(dev), mask.to(dev), rows.to(dev), labels.to(dev)
+
+
+def mlm_step(model, head, optimizer, tracked, batch, lr, clip):
+    """One optimisation step on a masked batch (inputs, mask, chosen rows, labels): the MLM loss at the chosen
+    positions, backward, clip, AdamW at lr. Returns the loss and the logits (detached: for the log's accuracy)."""
+    inputs, mask, rows, labels = batch
+    logits = mlm_logits(model, head, inputs, mask, rows).float()
+    loss = F.cross_entropy(logits, labels) if len(rows) else logits.sum() * 0
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(tracked, clip)
+    for g in optimizer.param_groups:
+        g["lr"] = lr
+    optimizer.step()
+    return loss.detach(), logits.detach()
+
+
+def train(run, model, head, optimizer, state):
+    """The loop: from state['step'] to --steps, a log line every --log-every steps, the resume state every
+    --save-every steps."""
+    args, order = run["args"], run["order"]
+    tracked = [p for g in optimizer.param_groups for p in g["params"]]
+    t0, tok, done0 = time.perf_counter(), 0, state["step"]
+    loss_sum, correct, n_masked = torch.zeros(()), torch.zeros(()), 0
+    for step in range(state["step"], args.steps):
+        torch.manual_seed(args.seed * 1_000_003 + step)  # dropout's draws, when --dropout > 0
+        idx = order.batch(step)
+        inputs, mask, rows, labels = step_batch(run, idx, order.generator(step))
+        lr = get_lr(step, args.steps, args.lr, args.warmup)
+        loss, logits = mlm_step(model, head, optimizer, tracked, (inputs, mask, rows, labels), lr, args.clip)
+        loss_sum += loss * len(rows)
+        correct += (logits.argmax(1) == labels).sum()
+        n_masked, tok = n_masked + len(rows), tok + int(mask.sum())
+        state["step"] = step + 1
+        if state["step"] % args.log_every == 0 or state["step"] == args.steps:
+            dt = time.perf_counter() - t0
+            l, a = loss_sum.item() / max(n_masked, 1), correct.item() / max(n_masked, 1)
+            state["history"].append([state["step"], round(l, 5), round(a, 5)])
+            eta = (args.steps - state["step"]) * dt / (state["step"] - done0)
+            print(f"step {state['step']}/{args.steps} | mlm loss {l:.4f} | mlm acc {a:.4f} | "
+                  f"lr {get_lr(step, args.steps, args.lr, args.warmup):.2e} | {tok / dt:,.0f} tok/s | "
+                  f"ETA {eta / 60:.1f} min", flush=True)
+            state["tokens"] += tok
+            state["seconds"] += dt
+            t0, tok, done0 = time.perf_counter(), 0, state["step"]
+            loss_sum.zero_(), correct.zero_()
+            n_masked = 0
+        if state["step"] % args.save_every == 0 and state["step"] < args.steps:
+            save_state(run["state_file"], model, head, optimizer, state)
+
+
+def score_held_out(run, model, head):
+    """MLM loss and accuracy on the held-out sentences, masked with a fixed generator (the same for every seed)."""
+    model.eval()
+    held, b = run["held"], run["args"].batch_size
+    g = torch.Generator().manual_seed(1234)
+    loss, correct, n = 0.0, 0, 0
+    with torch.inference_mode():
+        for s in range(0, len(held), b):
+            inputs, mask, rows, labels = step_batch(run, held[s:s + b], g)
+            logits = mlm_logits(model, head, inputs, mask, rows).float()
+            loss += F.cross_entropy(logits, labels, reduction="sum").item()
+            correct += int((logits.argmax(1) == labels).sum())
+            n += len(rows)
+    return {"sentences": len(held), "masked_tokens": n, "mlm_loss": loss / max(n, 1), "mlm_acc": correct / max(n, 1)}
+
+# -----------------------------------------------------------------------------
+# files: the resume state and the model folder
+
+
+def save_state(path, model, head, optimizer, state):
+    """The resume state (model, head, optimizer, step, log), atomically."""
+    blob = {"model": model.state_dict(), "head": head.state_dict(), "optimizer": optimizer.state_dict(), **state}
+    checkpoint.atomic_write(path, lambda f: torch.save(blob, f))
+    print(f"resume state saved at step {state['step']} ({path})", flush=True)
+
+
+def load_state(path, model, head, optimizer, args):
+    """The state of an earlier run of the same command; a state of other flags is refused in one line."""
+    try:
+        blob = torch.load(path, map_location=args.device, weights_only=False)
+        model.load_state_dict(blob["model"])
+        head.load_state_dict(blob["head"])
+        optimizer.load_state_dict(blob["optimizer"])
+    except Exception as e:  # a torn or foreign file: say which and what to do
+        die(f"{path}: cannot resume from it ({type(e).__name__}: {str(e)[:120]}); remove it or pass --fresh")
+    old = blob["args"]
+    diff = ", ".join(f"--{k.replace('_', '-')} {old.get(k)}" for k in STATE_KEYS if old.get(k) != getattr(args, k))
+    if diff:
+        die(f"{path} is the state of a run with other flags ({diff}); re-run with those flags to resume it, "
+            "or pass --fresh to start over")
+    print(f"resuming from step {blob['step']} ({path})", flush=True)
+    return {k: blob[k] for k in ("args", "step", "history", "tokens", "seconds")}
+
+
+def identity(args):
+    return {k: getattr(args, k) for k in STATE_KEYS}
+
+
+def git_sha():
+    import subprocess
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=Path(__file__).parent, timeout=5).stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def write_folder(dest, model, head, tokenizer, record):
+    """The model folder, atomically (a temp folder renamed into place): config.json (BERT's dropout 0.1),
+    model.safetensors (bert.* and cls.predictions.* keys, fixed byte order), tokenizer.json, vocab.txt, pretrain.json
+    (the record, with the sha256 of model.safetensors)."""
+    cfg = {**model.config.to_dict(), "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1,
+           "architectures": ["BertForMaskedLM"], "model_type": "bert", "initializer_range": 0.02}
+    tensors = {"bert." + k: v.detach().cpu().float() for k, v in model.state_dict().items()}
+    tensors.update({"cls.predictions." + k: v.detach().cpu().float() for k, v in head.state_dict().items()})
+    tmp = checkpoint.temp_path(dest)
+    checkpoint.clean_leftovers(dest)
+    try:
+        tmp.mkdir()
+        checkpoint.atomic_write(tmp / "model.safetensors",
+                                lambda f: checkpoint.write_safetensors(f, tensors, {"format": "pt"}))
+        checkpoint.write_text(tmp / "config.json", json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+        checkpoint.write_text(tmp / "tokenizer.json", tokenizer.to_str())
+        vocab = sorted(tokenizer.get_vocab(with_added_tokens=True).items(), key=lambda kv: kv[1])
+        checkpoint.write_text(tmp / "vocab.txt", "".join(w + "\n" for w, _ in vocab))
+        record["sha256"] = {f: checkpoint.file_sha256(tmp / f) for f in ("model.safetensors", "tokenizer.json")}
+        checkpoint.write_json(tmp / "pretrain.json", record)
+        if dest.exists():
+            shutil.rmtree(dest)  # --overwrite was given (checked at the start)
+        tmp.rename(dest)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return record
+
+# -----------------------------------------------------------------------------
+# the command line
+
+
+def find_tokenizer(spec):
     """The tokenizer of --tokenizer, checked to be the 30,522-entry uncased WordPiece; returns (tokenizer, where)."""
     if spec == "auto":
         spec = "bert-base-uncased" if (checkpoint.WEIGHTS / "bert-base-uncased").is_dir() else None
@@ -451,9 +463,9 @@ def check_vocab(tok, where):
     return tok
 
 
-def prepare(torch, bert, args):
+def prepare(args):
     """Everything but the model: the text, its tokens, the held-out split, the data order."""
-    tok, tok_name = find_tokenizer(bert, args.tokenizer)
+    tok, tok_name = find_tokenizer(args.tokenizer)
     try:
         data_dir = data.resolve_data_dir(args.data_dir, fetch=False, need_stsb=not args.text)
     except data.DataError as e:
@@ -474,37 +486,18 @@ def prepare(torch, bert, args):
     tokens = sum(len(e.ids) for e in encodings)
     train_tokens = sum(len(encodings[i].ids) for i in train_idx)
     special = torch.tensor(sorted({tok.token_to_id(t) for t in ("[CLS]", "[SEP]", "[PAD]")}))
-    # the order works on positions in train_idx; encodings are looked up through it
     run = {"args": args, "tokenizer": tok, "encodings": encodings, "special": special,
            "vocab_size": len(tok.get_vocab(with_added_tokens=True)), "mask_id": tok.token_to_id("[MASK]"),
            "held": held, "state_file": checkpoint.WEIGHTS / f".{args.name}.pretrain-state.pt"}
-    lengths = [len(encodings[i].ids) for i in train_idx]
-    order = Order(torch, lengths, args.batch_size, args.seed)
-    run["order"] = Mapped(order, train_idx)
+    run["order"] = Order(train_idx, [len(encodings[i].ids) for i in train_idx], args.batch_size, args.seed)
     text = {"sources": sources, "sentences": len(sentences), "tokens": tokens, "train_sentences": len(train_idx),
             "train_tokens": train_tokens, "held_out_sentences": len(held), "tokenizer": tok_name,
             "left_out": "every sentence of STS12-16 (scored or not), STS-B test and SICK-R test" if data_dir else "nothing"}
     return run, text
 
 
-class Mapped:
-    """An Order over the training sentences, giving indices into the whole corpus."""
-
-    def __init__(self, order, idx):
-        self.order, self.idx, self.per_epoch = order, idx, order.per_epoch
-
-    def batch(self, step):
-        return [self.idx[i] for i in self.order.batch(step)]
-
-    def generator(self, step):
-        return self.order.generator(step)
-
-
 def main(argv=None):
     args = get_args(argv)
-    import torch
-
-    import bert
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -520,7 +513,7 @@ def main(argv=None):
     lock = checkpoint.WEIGHTS / f"{args.name}.pretrain"
     try:
         with checkpoint.output_lock(lock):
-            return pretrain(torch, bert, args, dest)
+            return pretrain(args, dest)
     except checkpoint.OutputLocked as e:
         die(e)
     except KeyboardInterrupt:
@@ -528,10 +521,10 @@ def main(argv=None):
         sys.exit(130)
 
 
-def pretrain(torch, bert, args, dest):
+def pretrain(args, dest):
     git = git_sha()  # the code that ran, taken before the run (the tree may move on while it runs)
-    run, text = prepare(torch, bert, args)
-    model, head, optimizer = build(torch, bert, args, run["vocab_size"])
+    run, text = prepare(args)
+    model, head, optimizer = build(args, run["vocab_size"])
     n_params = sum(p.numel() for p in model.parameters()) + sum(p.numel() for p in head.parameters())
     print(f"sgbert pretrain | device {args.device} | {args.threads} threads | BERT L{args.layers}/H{args.hidden}/"
           f"A{args.heads} | {n_params / 1e6:.1f}M parameters | {text['train_sentences']:,} sentences, "
@@ -539,9 +532,9 @@ def pretrain(torch, bert, args, dest):
           f"{args.batch_size} ({args.steps / run['order'].per_epoch:.1f} epochs) | lr {args.lr}", flush=True)
     state = {"args": identity(args), "step": 0, "history": [], "tokens": 0, "seconds": 0.0}
     if run["state_file"].exists() and not args.fresh:
-        state = load_state(torch, run["state_file"], model, head, optimizer, args)
-    train(torch, bert, run, model, head, optimizer, state)
-    held = score_held_out(torch, bert, run, model, head)
+        state = load_state(run["state_file"], model, head, optimizer, args)
+    train(run, model, head, optimizer, state)
+    held = score_held_out(run, model, head)
     print(f"held out: {held['sentences']} sentences, {held['masked_tokens']} masked tokens | mlm loss "
           f"{held['mlm_loss']:.4f} | mlm acc {held['mlm_acc']:.4f}", flush=True)
     record = {"args": {**identity(args), "tokenizer": text["tokenizer"], "log_every": args.log_every,
@@ -549,7 +542,7 @@ def pretrain(torch, bert, args, dest):
               "text": text, "held_out": held, "history": state["history"], "train_tokens_seen": state["tokens"],
               "train_seconds": round(state["seconds"], 1), "torch": torch.__version__, "git": git,
               "no_nsp": "no next-sentence prediction: [CLS] is trained only through the masked tokens' attention"}
-    record = write_folder(torch, dest, model, head, run["tokenizer"], record)
+    record = write_folder(dest, model, head, run["tokenizer"], record)
     run["state_file"].unlink(missing_ok=True)
     print(f"written to {dest} | model.safetensors sha256 {record['sha256']['model.safetensors']}")
     return record

@@ -41,7 +41,7 @@ def test_masking_statistics():
     ids[:, 0], ids[:, n - 1], ids[:, n:] = 101, 102, 0
     mask = (torch.arange(T) < n).long().expand(B, T)
     special = torch.tensor([0, 101, 102])
-    inputs, rows, labels = pretrain.mask_tokens(torch, ids, mask, special, 30522, 103, 0.15,
+    inputs, rows, labels = pretrain.mask_tokens(ids, mask, special, 30522, 103, 0.15,
                                                 torch.Generator().manual_seed(0))
     eligible = B * (n - 2)
     assert abs(len(rows) / eligible - 0.15) < 0.003  # 3 sigma of a Binomial(112,000, 0.15) is 0.0032
@@ -67,7 +67,7 @@ def test_written_folder_is_a_bert_for_masked_lm(minilm_path, text_file, weights)
     cfg = json.loads((folder / "config.json").read_text())
     assert (cfg["hidden_dropout_prob"], cfg["max_position_embeddings"], cfg["vocab_size"]) == (0.1, 128, 30522)
     ours = bert.Bert.from_pretrained(folder).double()  # the BertForPreTraining key map: raises on any stray key
-    head = pretrain.make_head(torch, ours.config).double()
+    head = pretrain.make_head(ours.config).double()
     head.load_state_dict({k.removeprefix("cls.predictions."): v for k, v in
                           checkpoint.read_tensors(folder / "model.safetensors").items() if k.startswith("cls.")})
     theirs = transformers.BertForMaskedLM.from_pretrained(str(folder), attn_implementation="eager").double().eval()
@@ -82,9 +82,9 @@ def test_written_folder_is_a_bert_for_masked_lm(minilm_path, text_file, weights)
 def test_one_repeated_batch_is_learned(minilm_path, text_file):
     args = pretrain.get_args(["--text", str(text_file), "--tokenizer", str(minilm_path), *SMALL, "--lr", "3e-3"])
     args.device = "cpu"
-    run_, _ = pretrain.prepare(torch, bert, args)
-    model, head, optimizer = pretrain.build(torch, bert, args, run_["vocab_size"])
-    batch = pretrain.step_batch(torch, bert, run_, run_["order"].batch(0), run_["order"].generator(0))
+    run_, _ = pretrain.prepare(args)
+    model, head, optimizer = pretrain.build(args, run_["vocab_size"])
+    batch = pretrain.step_batch(run_, run_["order"].batch(0), run_["order"].generator(0))
     losses = []
     for _ in range(30):
         loss = torch.nn.functional.cross_entropy(pretrain.mlm_logits(model, head, *batch[:3]), batch[3])
