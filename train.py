@@ -439,7 +439,7 @@ def fit_posthoc(cfg, device):
         dev = evaluate.stsb_spearman(vectors, data_dir, "dev")
         if not math.isfinite(dev):  # a NaN score never replaces a good file
             die(f"STS-B dev Spearman of the fitted {cfg.loss} is {dev} (constant sentence vectors?); {kept}")
-        meta = {"tokenizer": tokenizer.to_str(), "base_model": checkpoint.display_name(cfg.model), "args": vars(cfg), "git": git_sha(),
+        meta = {"tokenizer": tokenizer.to_str(), **base_meta(cfg.model), "args": vars(cfg), "git": git_sha(),
                 "pooling": cfg.eval_pooling, "method": cfg.loss, "config": model.config.to_dict(), "transform": info,
                 "best": {"step": stats["steps"], "dev": dev}}
         try:
@@ -540,7 +540,7 @@ def build_run(cfg, bert_F, tokenizer, examples, data_dir, device, rank=0, world=
                examples=examples, data_dir=data_dir, device=device, rank=rank, world=world,
                gen=torch.Generator().manual_seed(cfg.seed), aug_gen=torch.Generator().manual_seed(cfg.seed + rank),
                aug1=augment.parse(cfg.aug1), aug2=augment.parse(cfg.aug2), templates=tuple(templates),
-               meta={"tokenizer": tokenizer.to_str(), "base_model": checkpoint.display_name(cfg.model), "args": vars(cfg),
+               meta={"tokenizer": tokenizer.to_str(), **base_meta(cfg.model), "args": vars(cfg),
                      "git": git_sha(), "pooling": cfg.eval_pooling, "method": cfg.loss,
                      **({"template": cfg.template} if templates else {})})
 
@@ -570,6 +570,12 @@ def param_groups(modules, weight_decay):
             if p.requires_grad:
                 (no_decay if name.endswith("bias") or "LayerNorm" in name else decay).append(p)
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def base_meta(model):
+    """The base model as a checkpoint's metadata names it: its name, and the sha256 of its weights when on disk."""
+    sha = checkpoint.weights_sha256(model)
+    return {"base_model": checkpoint.display_name(model), **({"base_sha256": sha} if sha else {})}
 
 
 def git_sha():

@@ -62,6 +62,7 @@ def test_full_run_writes_a_loadable_checkpoint(world):
     assert result["steps"] == 8 and len(result["losses"]) == 8
     meta = checkpoint.read_metadata(world["out"])
     assert meta["args"]["loss"] == "opt" and meta["base_model"] == world["model"].name  # its own name, not this machine's path
+    assert meta["base_sha256"] == checkpoint.file_sha256(world["model"] / "model.safetensors")  # which weights, exactly
     assert meta["best"]["step"] == result["best_step"] and meta["best"]["dev"] == pytest.approx(result["dev"])
     m, tok = bert.Bert.from_pretrained(world["out"]), bert.load_tokenizer(world["out"])
     assert evaluate.stsb_spearman(evaluate.sentence_vectors(m, tok), world["data"], "dev") == pytest.approx(result["dev"])
