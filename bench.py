@@ -54,18 +54,80 @@ import time
 from functools import partial
 from pathlib import Path
 
+import checkpoint  # checkpoint, cli and data load no torch: --help answers before torch loads
+import data
+from cli import at_least
+
+# -----------------------------------------------------------------------------
+# the command line, parsed before the heavy imports
+
+SECTION_NAMES = ("loss", "encoder", "step", "precision", "ddp", "memory", "sts", "wk", "transfer", "epoch", "pretrain",
+                 "gpu")  # SECTIONS' keys (checked at the bottom)
+DEFAULT = [s for s in SECTION_NAMES if s not in ("epoch", "gpu")]  # an hour on a CPU / a GPU's: asked for by name
+POOLINGS = ("cls", "mean", "max", "first-last", "last2")  # bert.POOLINGS (checked below)
+
+
+def names_of(known, what):
+    """An argparse type: a comma-separated list of names out of `known`, at least one, each once."""
+    def parse(spec):
+        names = list(dict.fromkeys(x.strip() for x in spec.split(",") if x.strip()))
+        unknown = [x for x in names if x not in known]
+        if unknown or not names:
+            raise argparse.ArgumentTypeError(f"{spec!r}: {'unknown ' + what + ' ' + ', '.join(unknown) if unknown else 'no ' + what}"
+                                             f"; choose from {','.join(known)}")
+        return names
+    return parse
+
+
+def get_args(argv=None):
+    ap = argparse.ArgumentParser(description="Side-by-side benchmarks of sgbert against its references.",
+                                 epilog="example: python bench.py --only step,sts --device cpu --json bench.json")
+    ap.error = checkpoint.die  # a bad flag is one line
+    a, n = ap.add_argument, at_least
+    a("--json", help="also write the results to this JSON file")
+    a("--only", type=names_of(SECTION_NAMES, "section"), default=DEFAULT,
+      help=f"comma-separated sections out of {','.join(SECTION_NAMES)} (default: all but epoch and gpu)")
+    a("--repeats", type=n(1), default=7, help="timed runs per contender (medians are reported; default: %(default)s)")
+    a("--device", default="auto", choices=["auto", "cpu", "cuda"],
+      help="device of the encoder, step, wk and sts sections (auto: cuda when available); loss is CPU only")
+    a("--data-dir", default=None, help="data folder (default $SG_DATA, else ./data); without one, step uses synthetic "
+      "sentences and sts and wk are skipped")
+    a("--ddp-steps", type=n(1), default=20, help="ddp: training steps per run (default: %(default)s)")
+    a("--epoch-steps", type=n(0), default=0, help="epoch: stop after N steps and extrapolate (0: the whole epoch)")
+    a("--epoch-precision", choices=["fp32", "bf16"], help="epoch: train.py --precision (default: train.py's, bf16 on "
+      "CUDA)")
+    a("--sts-batch", type=n(1), default=64, help="batch size of the length-sorted side of sts (default: %(default)s)")
+    a("--transfer-tasks", type=names_of(data.TRANSFER, "task"), default=data.TRANSFER,
+      help="transfer: comma-separated tasks (default: all 7)")
+    a("--transfer-config", default="paper", choices=["paper", "simcse"],
+      help="transfer: the classifier (evaluate.py --transfer-config; default: %(default)s)")
+    a("--transfer-pooling", default="cls", choices=POOLINGS, help="transfer: the sentence vector (default: cls)")
+    a("--threads", type=n(1), help="torch CPU threads (default: torch's choice); 1 is steadier on a machine shared "
+      "with other jobs")
+    a("--peak-child", help=argparse.SUPPRESS)  # internal: one peak_rss_mb measurement
+    args = ap.parse_args(argv)
+    try:
+        args.json and checkpoint.check_output(args.json, ".json")  # before the runs, not after an hour of them
+    except checkpoint.LoadError as e:
+        checkpoint.die(f"--json {e}")
+    return args
+
+
+if __name__ == "__main__":
+    get_args()  # exits here on --help or a bad flag; main() parses again, after the imports below
+
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 import bert
-import checkpoint
-import data
 import methods
 import sg_loss
 import train
 import transfer
 import wk
+
+assert POOLINGS == bert.POOLINGS, f"bench.POOLINGS is out of date: {bert.POOLINGS}"
 
 # -----------------------------------------------------------------------------
 # shared helpers
@@ -1075,53 +1137,7 @@ CASES = {"loss": make_loss_run, "step": make_step_run}  # factories of a zero-ar
 SECTIONS = {"loss": bench_loss, "encoder": bench_encoder, "step": bench_step, "precision": bench_precision,
             "ddp": bench_ddp, "memory": bench_memory, "sts": bench_sts, "wk": bench_wk, "transfer": bench_transfer,
             "epoch": bench_epoch, "pretrain": bench_pretrain, "gpu": bench_gpu}
-DEFAULT = [s for s in SECTIONS if s not in ("epoch", "gpu")]  # an hour on a CPU / a GPU's: asked for by name
-
-
-def names_of(known, what):
-    """An argparse type: a comma-separated list of names out of `known`, at least one, each once."""
-    def parse(spec):
-        names = list(dict.fromkeys(x.strip() for x in spec.split(",") if x.strip()))
-        unknown = [x for x in names if x not in known]
-        if unknown or not names:
-            raise argparse.ArgumentTypeError(f"{spec!r}: {'unknown ' + what + ' ' + ', '.join(unknown) if unknown else 'no ' + what}"
-                                             f"; choose from {','.join(known)}")
-        return names
-    return parse
-
-
-def get_args(argv=None):
-    ap = argparse.ArgumentParser(description="Side-by-side benchmarks of sgbert against its references.",
-                                 epilog="example: python bench.py --only step,sts --device cpu --json bench.json")
-    ap.error = checkpoint.die  # a bad flag is one line
-    a, n = ap.add_argument, methods.at_least
-    a("--json", help="also write the results to this JSON file")
-    a("--only", type=names_of(list(SECTIONS), "section"), default=DEFAULT,
-      help=f"comma-separated sections out of {','.join(SECTIONS)} (default: all but epoch and gpu)")
-    a("--repeats", type=n(1), default=7, help="timed runs per contender (medians are reported; default: %(default)s)")
-    a("--device", default="auto", choices=["auto", "cpu", "cuda"],
-      help="device of the encoder, step, wk and sts sections (auto: cuda when available); loss is CPU only")
-    a("--data-dir", default=None, help="data folder (default $SG_DATA, else ./data); without one, step uses synthetic "
-      "sentences and sts and wk are skipped")
-    a("--ddp-steps", type=n(1), default=20, help="ddp: training steps per run (default: %(default)s)")
-    a("--epoch-steps", type=n(0), default=0, help="epoch: stop after N steps and extrapolate (0: the whole epoch)")
-    a("--epoch-precision", choices=["fp32", "bf16"], help="epoch: train.py --precision (default: train.py's, bf16 on "
-      "CUDA)")
-    a("--sts-batch", type=n(1), default=64, help="batch size of the length-sorted side of sts (default: %(default)s)")
-    a("--transfer-tasks", type=names_of(data.TRANSFER, "task"), default=data.TRANSFER,
-      help="transfer: comma-separated tasks (default: all 7)")
-    a("--transfer-config", default="paper", choices=["paper", "simcse"],
-      help="transfer: the classifier (evaluate.py --transfer-config; default: %(default)s)")
-    a("--transfer-pooling", default="cls", choices=bert.POOLINGS, help="transfer: the sentence vector (default: cls)")
-    a("--threads", type=n(1), help="torch CPU threads (default: torch's choice); 1 is steadier on a machine shared "
-      "with other jobs")
-    a("--peak-child", help=argparse.SUPPRESS)  # internal: one peak_rss_mb measurement
-    args = ap.parse_args(argv)
-    try:
-        args.json and checkpoint.check_output(args.json, ".json")  # before the runs, not after an hour of them
-    except checkpoint.LoadError as e:
-        checkpoint.die(f"--json {e}")
-    return args
+assert tuple(SECTIONS) == SECTION_NAMES, f"SECTION_NAMES is out of date: {list(SECTIONS)}"
 
 
 def main(argv=None):

@@ -19,13 +19,29 @@ from pathlib import Path
 if __name__ == "__main__":  # Ctrl-C while torch loads: one line and exit code 130, not a traceback from an import
     signal.signal(signal.SIGINT, lambda *_: (print("export.py: interrupted", file=sys.stderr), os._exit(130)))
 
+import checkpoint  # no torch: --help answers before torch loads
+from checkpoint import LoadError, die
+
+
+def get_args(argv=None):
+    p = argparse.ArgumentParser(prog="export.py", description="write an sgbert checkpoint as a Hugging Face BertModel "
+                                "+ sentence-transformers folder",
+                                epilog="example: python export.py sg.safetensors sg-bert/  (then SentenceTransformer('sg-bert'))")
+    p.error = die  # a bad flag is one line
+    p.add_argument("src", metavar="CHECKPOINT", help="a .safetensors written by train.py, or a model folder or name")
+    p.add_argument("out_dir", metavar="OUT_DIR", help="folder to create; must be absent or empty unless --force")
+    p.add_argument("--force", action="store_true", help="replace OUT_DIR even if it is not empty")
+    return p.parse_args(argv)
+
+
+if __name__ == "__main__":
+    get_args()  # exits here on --help or a bad flag; main() parses again, after the imports below
+
 import safetensors.torch
 import torch
 
 import bert
-import checkpoint
 from bert import Bert
-from checkpoint import LoadError, die
 
 
 def export(src, out_dir, force=False):
@@ -239,14 +255,7 @@ def export_readme(name, meta, args, best, cfg, max_len, pooling="cls", st_poolin
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="export.py", description="write an sgbert checkpoint as a Hugging Face BertModel "
-                                "+ sentence-transformers folder",
-                                epilog="example: python export.py sg.safetensors sg-bert/  (then SentenceTransformer('sg-bert'))")
-    p.error = die  # a bad flag is one line
-    p.add_argument("src", metavar="CHECKPOINT", help="a .safetensors written by train.py, or a model folder or name")
-    p.add_argument("out_dir", metavar="OUT_DIR", help="folder to create; must be absent or empty unless --force")
-    p.add_argument("--force", action="store_true", help="replace OUT_DIR even if it is not empty")
-    a = p.parse_args(argv)
+    a = get_args(argv)
     try:
         out = export(a.src, a.out_dir, force=a.force)
     except (LoadError, OSError) as err:  # user-facing: one line, no traceback

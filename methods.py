@@ -11,7 +11,6 @@ PromptBERT: Jiang et al., EMNLP 2022 (kongds/Prompt-BERT, run.sh unsup-bert); wh
 et al., EMNLP 2020 (bohanli/BERT-flow).
 """
 import argparse
-import math
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -22,6 +21,7 @@ import bert
 import prompt
 import sg_loss
 from checkpoint import die
+from cli import at_least, positive
 
 @dataclass(frozen=True)
 class Method:
@@ -154,35 +154,7 @@ def resolve_config(args):
 
 
 # -----------------------------------------------------------------------------
-# argparse types, shared with train.py's other flags
-
-
-def at_least(low, kind=int, why=""):
-    """An argparse type: a number of `kind` >= low (finite), else argparse's one-line error."""
-    def parse(s):
-        try:
-            v = kind(s)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{s!r} is not {'an integer' if kind is int else 'a number'}") from None
-        if not (math.isfinite(v) and v >= low):
-            rule = f"must be at least {low}" if kind is int else f"must be a finite number >= {low}"
-            raise argparse.ArgumentTypeError(f"{s}: {rule}" + (f" ({why})" if why else ""))
-        return v
-    return parse
-
-
-def positive(s):
-    v = at_least(0.0, float)(s)
-    if v == 0:
-        raise argparse.ArgumentTypeError(f"{s}: must be a finite number > 0")
-    return v
-
-
-def seed_value(s):
-    v = at_least(0)(s)
-    if v >= 2 ** 63:
-        raise argparse.ArgumentTypeError(f"{s}: must be in 0 .. 2^63 - 1")
-    return v
+# argparse types of the method's flags (the numeric ones are cli.py's, shared by every script)
 
 
 def layer_slice(spec):

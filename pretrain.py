@@ -51,6 +51,7 @@ from pathlib import Path
 import checkpoint
 import data
 from checkpoint import LoadError, die
+from cli import at_least
 
 STATE_KEYS = ("name", "layers", "hidden", "heads", "ffn", "max_len", "steps", "batch_size", "lr", "warmup",
               "weight_decay", "clip", "dropout", "mask_prob", "seed", "threads", "device", "text")  # what a resume must match
@@ -65,7 +66,7 @@ def get_args(argv=None):
                                 epilog="example: python pretrain.py --name raw-bert-mini  (then --model raw-bert-mini)")
     p.error = die
     a = p.add_argument
-    pos = lambda kind=int, low=1: _at_least(low, kind)  # noqa: E731
+    pos = lambda kind=int, low=1: at_least(low, kind)  # noqa: E731
     a("--name", default="raw-bert-mini", help="the model folder written: weights/<name>/ (default: %(default)s)")
     a("--tokenizer", default="auto", help="a folder (or weights/ name) whose tokenizer.json or vocab.txt is "
       "bert-base-uncased's 30,522-entry uncased WordPiece; auto (default): weights/bert-base-uncased, else the "
@@ -105,18 +106,6 @@ def get_args(argv=None):
     if not checkpoint.HUB_NAME.fullmatch(args.name) or "/" in args.name:
         die(f"--name {args.name!r}: a folder name of letters, digits, '.', '-', '_'")
     return args
-
-
-def _at_least(low, kind):
-    def parse(s):
-        try:
-            v = kind(s)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{s!r} is not {'an integer' if kind is int else 'a number'}") from None
-        if not (math.isfinite(v) and v >= low):
-            raise argparse.ArgumentTypeError(f"{s}: must be at least {low}")
-        return v
-    return parse
 
 
 if __name__ == "__main__":

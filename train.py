@@ -57,7 +57,7 @@ import posthoc
 import prompt
 import sg_loss
 from checkpoint import die
-from methods import at_least, seed_value
+from cli import at_least, seed_value
 
 # -----------------------------------------------------------------------------
 # one training step
