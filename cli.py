@@ -1,9 +1,11 @@
 """
 The command line's conventions shared by every script, with no torch (a script's --help answers before torch
-loads): the argparse types of numbers and seeds. Floor 0: it imports no project module.
+loads): the argparse types of numbers and seeds, and the commit a run records. Floor 0: it imports no project module.
 """
 import argparse
 import math
+import subprocess
+from pathlib import Path
 
 
 def at_least(low, kind=int, why=""):
@@ -32,3 +34,11 @@ def seed_value(s):
     if v >= 2 ** 63:
         raise argparse.ArgumentTypeError(f"{s}: must be in 0 .. 2^63 - 1")
     return v
+
+
+def git_sha():
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=Path(__file__).parent, timeout=5).stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"

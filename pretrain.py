@@ -51,7 +51,7 @@ from pathlib import Path
 import checkpoint
 import data
 from checkpoint import LoadError, die
-from cli import at_least
+from cli import at_least, git_sha
 
 STATE_KEYS = ("name", "layers", "hidden", "heads", "ffn", "max_len", "steps", "batch_size", "lr", "warmup",
               "weight_decay", "clip", "dropout", "mask_prob", "seed", "threads", "device", "text")  # what a resume must match
@@ -382,15 +382,6 @@ def load_state(path, model, head, optimizer, args):
 
 def identity(args):
     return {k: getattr(args, k) for k in STATE_KEYS}
-
-
-def git_sha():
-    import subprocess
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=Path(__file__).parent, timeout=5).stdout.strip() or "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
 
 
 def write_folder(dest, model, head, tokenizer, record):

@@ -36,7 +36,6 @@ import contextlib
 import copy
 import itertools
 import math
-import subprocess
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -57,7 +56,7 @@ import posthoc
 import prompt
 import sg_loss
 from checkpoint import die
-from cli import at_least, seed_value
+from cli import at_least, git_sha, seed_value
 
 # -----------------------------------------------------------------------------
 # one training step
@@ -576,14 +575,6 @@ def base_meta(model):
     """The base model as a checkpoint's metadata names it: its name, and the sha256 of its weights when on disk."""
     sha = checkpoint.weights_sha256(model)
     return {"base_model": checkpoint.display_name(model), **({"base_sha256": sha} if sha else {})}
-
-
-def git_sha():
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=Path(__file__).parent, timeout=5).stdout.strip() or "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
 
 
 def init_distributed(cfg):

@@ -451,18 +451,23 @@ def alive(pid):
         return False
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
-def test_a_signal_stops_the_run_and_its_children_and_the_same_command_resumes(fake, sig):
+def sweep_in_flight(fake):
+    """A sweep of one slow run, started in a process of its own: (its Popen, the run's pid, the run's child's pid),
+    once the run is going."""
     pids = fake.tmp / "pids"
-    exp = [dict(name="a")]
     env = {**os.environ, "FAKE_SLEEP": "1", "FAKE_PIDS": str(pids)}
-    p = subprocess.Popen(driver(fake, exp, "--seeds", "1"), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True)
+    p = subprocess.Popen(driver(fake, [dict(name="a")], "--seeds", "1"), env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
     for _ in range(600):
         if pids.exists() and pids.read_text().endswith("\n"):
             break
         time.sleep(0.05)
-    child, grandchild = map(int, pids.read_text().split())
+    return (p, *map(int, pids.read_text().split()))
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+def test_a_signal_stops_the_run_and_its_children_and_the_same_command_resumes(fake, sig):
+    p, child, grandchild = sweep_in_flight(fake)
     p.send_signal(sig)
     _, err = p.communicate(timeout=30)
     assert p.returncode == 128 + sig
@@ -473,8 +478,9 @@ def test_a_signal_stops_the_run_and_its_children_and_the_same_command_resumes(fa
         time.sleep(0.05)
     assert not alive(child) and not alive(grandchild), "an orphan outlived the sweep"
     assert not list(fake.out.rglob(".*.lock")) and not (fake.out / "t/a/seed-1.json").exists()
-    r = subprocess.run(driver(fake, exp, "--seeds", "1"), capture_output=True, text=True, timeout=60)
+    r = subprocess.run(driver(fake, [dict(name="a")], "--seeds", "1"), capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and r.stdout.strip().splitlines()[-1] == "t: 1 runs: 1 run now"
+
 
 def test_a_signal_ignored_at_start_stays_ignored():
     """`nohup python experiments.py ...`: a closed terminal does not stop the sweep."""
@@ -689,16 +695,7 @@ def test_a_record_with_a_nan_fit_time_is_named_and_left_out(fake, monkeypatch, c
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 def test_a_sweep_killed_with_sigkill_leaves_no_run_behind_and_resumes(fake):
-    pids = fake.tmp / "pids"
-    exp = [dict(name="a")]
-    env = {**os.environ, "FAKE_SLEEP": "1", "FAKE_PIDS": str(pids)}
-    p = subprocess.Popen(driver(fake, exp, "--seeds", "1"), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True)
-    for _ in range(600):
-        if pids.exists() and pids.read_text().endswith("\n"):
-            break
-        time.sleep(0.05)
-    child, grandchild = map(int, pids.read_text().split())
+    p, child, grandchild = sweep_in_flight(fake)
     try:
         p.kill()  # SIGKILL: no handler runs, nothing stops the group
         p.communicate(timeout=30)
@@ -711,6 +708,6 @@ def test_a_sweep_killed_with_sigkill_leaves_no_run_behind_and_resumes(fake):
         for pid in (child, grandchild):  # the fake run's own child (it ignores SIGINT) is not the sweep's to end
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-    r = subprocess.run(driver(fake, exp, "--seeds", "1"), capture_output=True, text=True, timeout=60)
+    r = subprocess.run(driver(fake, [dict(name="a")], "--seeds", "1"), capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and r.stdout.strip().splitlines()[-1] == "t: 1 runs: 1 run now", r.stderr
     assert (fake.out / "t/a/seed-1.json").exists()
