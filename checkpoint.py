@@ -1,8 +1,9 @@
 """
 The disk: model folders and the hub, safetensors checkpoints and their metadata schema, atomic writes, one writer
-per output, and the one way a command refuses its input (die).
+per output.
 
-Floor 0: it imports no project module, and every project module reads and writes files through it. Nothing here
+Floor 1: it imports only cli.py (die, re-exported here for the callers that name checkpoint.die), and every project
+module reads and writes files through it. Nothing here
 knows what a BERT is: a checkpoint is named tensors plus the metadata below, and bert.py maps them to a model.
 """
 import glob
@@ -18,6 +19,8 @@ import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
 
+from cli import die  # noqa: F401  (callers use checkpoint.die; its home is cli.py)
+
 WEIGHTS = Path(os.environ.get("SG_WEIGHTS") or Path(__file__).resolve().parent / "weights")
 HF_ENDPOINT = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
 
@@ -28,12 +31,6 @@ class LoadError(Exception):
 
 class OutputLocked(LoadError):
     """Another live process is writing the same output (see output_lock)."""
-
-
-def die(msg, code=2):
-    """The one way a command refuses its input: 'error: <msg>' as one line of stderr, and exit status 2."""
-    print("error: " + " ".join(str(msg).split()), file=sys.stderr)
-    sys.exit(code)
 
 # -----------------------------------------------------------------------------
 # the metadata schema of a checkpoint, written down once

@@ -1,11 +1,21 @@
 """
-The command line's conventions shared by every script, with no torch (a script's --help answers before torch
-loads): the argparse types of numbers and seeds, and the commit a run records. Floor 0: it imports no project module.
+The command line's conventions shared by every script, in one place and with no torch (a script's --help answers
+before torch loads): the one way a command refuses its input (die), the argparse types of numbers and seeds, the
+device a run uses, what Ctrl-C does, and the commit a run records. Floor 0: it imports no project module.
 """
 import argparse
 import math
+import os
+import signal
 import subprocess
+import sys
 from pathlib import Path
+
+
+def die(msg, code=2):
+    """The one way a command refuses its input: 'error: <msg>' as one line of stderr, and exit status 2."""
+    print("error: " + " ".join(str(msg).split()), file=sys.stderr)
+    sys.exit(code)
 
 
 def at_least(low, kind=int, why=""):
@@ -30,10 +40,45 @@ def positive(s):
 
 
 def seed_value(s):
-    v = at_least(0)(s)
-    if v >= 2 ** 63:
-        raise argparse.ArgumentTypeError(f"{s}: must be in 0 .. 2^63 - 1")
-    return v
+    """A seed (--seed, --seeds): an integer in 0 .. 2^32 - 1. The bound is the narrowest of the generators a seed
+    feeds: numpy's RandomState (SentEval's folds, transfer.py) takes no more; torch.manual_seed takes < 2^64, which
+    leaves room for the arithmetic the scripts do on a seed (train.py's seed + rank, pretrain.py's
+    seed * 1_000_003 + step), and random.Random takes any integer."""
+    try:
+        x = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{s!r} is not an integer") from None
+    if not 0 <= x < 2 ** 32:
+        raise argparse.ArgumentTypeError(f"{s} is not in 0 .. 2^32 - 1")
+    return x
+
+
+def device(name):
+    """--device auto|cpu|cuda as the device a run uses, 'cuda' or 'cpu': auto is cuda when torch sees one; cuda when
+    it sees none is refused (die), before any work starts."""
+    import torch  # here: this file loads no torch
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda" and not torch.cuda.is_available():
+        die("--device cuda: no CUDA device is available (use --device cpu)")
+    return name
+
+
+def exit_on_ctrl_c(script):
+    """The first line of a script's `if __name__ == "__main__"`, before its heavy imports: Ctrl-C while torch loads
+    prints '<script>: interrupted' and exits with status 130, not a traceback from inside an import."""
+    signal.signal(signal.SIGINT, lambda *_: (print(f"{script}: interrupted", file=sys.stderr), os._exit(130)))
+
+
+def run(main, script):
+    """A script's entry point: from here on Ctrl-C is a KeyboardInterrupt again (so `finally` and `with` blocks clean
+    up what they hold), and one that reaches the top prints '<script>: interrupted' and exits with status 130."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        return main()
+    except KeyboardInterrupt:
+        print(f"{script}: interrupted", file=sys.stderr)
+        sys.exit(130)
 
 
 def git_sha():

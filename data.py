@@ -23,11 +23,13 @@ from pathlib import Path
 import numpy as np
 
 import checkpoint
+import cli
 
 SENTEVAL_URL = "https://huggingface.co/datasets/princeton-nlp/datasets-for-simcse/resolve/main/senteval.tar"
 STSB_URL = "https://sbert.net/datasets/stsbenchmark.tsv.gz"
 STSB_FILE = "stsbenchmark.tsv.gz"
 TASKS = ["STS12", "STS13", "STS14", "STS15", "STS16", "STSBenchmark", "SICKRelatedness"]
+SHORT = {"STSBenchmark": "STS-B", "SICKRelatedness": "SICK-R"}  # MTEB's names, as the printed tables show them
 
 # Scored pairs per task and subset, as the data README counts them. The STS12-16 keys are also the subset lists
 # (STS13 has no SMT: its licence forbids passing it on, and SentEval leaves it out too). download() checks these.
@@ -433,19 +435,20 @@ def download(data_dir, senteval_url=SENTEVAL_URL, stsb_url=STSB_URL, counts=COUN
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-if __name__ == "__main__":
+def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.strip().split("\n")[0],
                                      epilog="example: python data.py --download --data-dir ~/sgbert-data")
-    parser.error = checkpoint.die  # a bad flag is one line
+    parser.error = cli.die  # a bad flag is one line
     parser.add_argument("--download", action="store_true", help="fetch senteval/ and stsbenchmark.tsv.gz")
     parser.add_argument("--data-dir", default=None, help="data folder (default: $SG_DATA, else ./data)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if not args.download:
-        checkpoint.die("nothing to do: pass --download (and --data-dir DIR, else $SG_DATA, else ./data)")
+        cli.die("nothing to do: pass --download (and --data-dir DIR, else $SG_DATA, else ./data)")
     try:
         download(data_dir_from(args.data_dir)[0])
     except DataError as e:
-        checkpoint.die(e)
-    except KeyboardInterrupt:  # the download's temp folder is removed on the way out; the data folder is untouched
-        print("data.py: interrupted", file=sys.stderr)
-        sys.exit(130)
+        cli.die(e)
+
+
+if __name__ == "__main__":  # Ctrl-C: the download's temp folder is removed on the way out, the data folder untouched
+    cli.run(main, "data.py")

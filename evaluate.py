@@ -25,12 +25,12 @@ block (with "pearson" and "n" beside), and each of its pairs a row of "pairs" (a
     python evaluate.py --ckpt sg.safetensors --tasks transfer --transfer-config simcse
     python evaluate.py --model bert-base-uncased --pooling prompt [--template 'This sentence : "[X]" means [MASK] .']
 """
-import os
-import signal
 import sys
 
-if __name__ == "__main__":  # Ctrl-C while torch loads: one line and exit code 130, not a traceback from an import
-    signal.signal(signal.SIGINT, lambda *_: (print("evaluate.py: interrupted", file=sys.stderr), os._exit(130)))
+import cli
+
+if __name__ == "__main__":
+    cli.exit_on_ctrl_c("evaluate.py")
 
 import argparse
 import math
@@ -38,10 +38,9 @@ import time
 from functools import partial
 from pathlib import Path
 
-from data import TASKS, TRANSFER  # data.py and checkpoint.py load no torch: --help answers before torch loads
+from data import SHORT, TASKS, TRANSFER  # data.py and checkpoint.py load no torch: --help answers before torch loads
 
 PROTOCOLS = ("all", "wmean", "mean")
-SHORT = {"STSBenchmark": "STS-B", "SICKRelatedness": "SICK-R"}  # MTEB's names, for the printed table
 LAYERWISE_POOLINGS = ("cls", "mean", "max")
 SUMMARY = ("avg", "sentences", "sentences_per_s", "seconds", "task_seconds")  # evaluate_sts's keys that are not tasks
 TASK_SETS = {"sts": TASKS, "transfer": TRANSFER, "all": TASKS + TRANSFER}  # --tasks shorthands
@@ -108,7 +107,7 @@ import posthoc
 import prompt
 import transfer
 import wk
-from checkpoint import die
+from cli import die
 from data import DataError, load_pairs_file, load_stsb, load_task, resolve_data_dir
 
 assert POOLING_CHOICES == (*bert.POOLINGS, "wk", "prompt"), f"POOLING_CHOICES is out of date: {bert.POOLINGS}"
@@ -476,8 +475,6 @@ def check_args(args):
         die(f"--template {e}")
     args.layer = -1 if args.layer is None else args.layer
     args.tasks = args.tasks or ([] if args.pairs else ["sts"])
-    if args.device == "cuda" and not torch.cuda.is_available():
-        die("--device cuda, but torch sees no CUDA device (use --device cpu)")
 
 
 def load(args):
@@ -621,10 +618,10 @@ def report(args, results, name, device):
 def main(argv=None):
     args = get_args(argv)
     check_args(args)
+    device = cli.device(args.device)
     model, tokenizer, meta, transform = load(args)
     args.pooling = args.pooling or meta.get("pooling") or "cls"  # the method's own evaluation pooling
     args.template = prompt_template(args, meta, model, tokenizer)
-    device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
     model.to(device)
     name = checkpoint.display_name(args.ckpt or args.model)  # what the tables and the JSON call it
     try:
@@ -647,9 +644,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        main()
-    except KeyboardInterrupt:
-        print("evaluate.py: interrupted", file=sys.stderr)
-        sys.exit(130)
+    cli.run(main, "evaluate.py")

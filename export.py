@@ -12,15 +12,17 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import sys
 from pathlib import Path
 
-if __name__ == "__main__":  # Ctrl-C while torch loads: one line and exit code 130, not a traceback from an import
-    signal.signal(signal.SIGINT, lambda *_: (print("export.py: interrupted", file=sys.stderr), os._exit(130)))
+import cli
+
+if __name__ == "__main__":
+    cli.exit_on_ctrl_c("export.py")
 
 import checkpoint  # no torch: --help answers before torch loads
-from checkpoint import LoadError, die
+from checkpoint import LoadError
+from cli import die
 
 
 def get_args(argv=None):
@@ -260,12 +262,8 @@ def main(argv=None):
         out = export(a.src, a.out_dir, force=a.force)
     except (LoadError, OSError) as err:  # user-facing: one line, no traceback
         die(err)
-    except KeyboardInterrupt:  # the temp folder is gone; OUT_DIR is the old folder (or, past the swap, the new one)
-        print("interrupted", file=sys.stderr)
-        sys.exit(130)
     print(f"exported {a.src} to {out}/ (transformers BertModel + sentence-transformers; see its README for the pooling)")
 
 
-if __name__ == "__main__":
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # from here on, Ctrl-C is a KeyboardInterrupt
-    main()
+if __name__ == "__main__":  # Ctrl-C: the temp folder is gone; OUT_DIR is the old folder (or, past the swap, the new one)
+    cli.run(main, "export.py")

@@ -34,11 +34,12 @@ the same kind of machine and torch build. Resumable: a killed run restarted with
 last periodic state and ends bit-identical to an uninterrupted one (tests/test_pretrain.py).
 """
 import os
-import signal
 import sys
 
-if __name__ == "__main__":  # Ctrl-C while torch loads: one line and exit code 130, not a traceback from an import
-    signal.signal(signal.SIGINT, lambda *_: (print("pretrain.py: interrupted", file=sys.stderr), os._exit(130)))
+import cli
+
+if __name__ == "__main__":
+    cli.exit_on_ctrl_c("pretrain.py")
 
 import argparse
 import hashlib
@@ -50,8 +51,8 @@ from pathlib import Path
 
 import checkpoint
 import data
-from checkpoint import LoadError, die
-from cli import at_least, git_sha
+from checkpoint import LoadError
+from cli import at_least, die, git_sha, seed_value
 
 STATE_KEYS = ("name", "layers", "hidden", "heads", "ffn", "max_len", "steps", "batch_size", "lr", "warmup",
               "weight_decay", "clip", "dropout", "mask_prob", "seed", "threads", "device", "text")  # what a resume must match
@@ -90,7 +91,7 @@ def get_args(argv=None):
     a("--dropout", type=pos(float, 0.0), default=0.0, help="dropout while pretraining (default %(default)s; the "
       "written config says 0.1, BERT's, for fine-tuning)")
     a("--mask-prob", type=pos(float, 0.0), default=0.15, help="fraction of tokens chosen (default %(default)s)")
-    a("--seed", type=pos(int, 0), default=1, help="init, data order and masks (default %(default)s)")
+    a("--seed", type=seed_value, default=1, help="init, data order and masks (default %(default)s)")
     a("--threads", type=pos(), default=2, help="torch CPU threads; part of the result's identity: float sums are "
       "ordered by it (default %(default)s)")
     a("--device", default="auto", choices=["auto", "cpu", "cuda"], help="auto (default): cuda when available")
@@ -478,10 +479,7 @@ def prepare(args):
 
 def main(argv=None):
     args = get_args(argv)
-    if args.device == "auto":
-        args.device = "cuda" if torch.cuda.is_available() else "cpu"
-    if args.device == "cuda" and not torch.cuda.is_available():
-        die("--device cuda: no CUDA device is available (use --device cpu)")
+    args.device = cli.device(args.device)
     torch.set_num_threads(args.threads)
     dest = checkpoint.WEIGHTS / args.name
     if dest.exists() and not args.overwrite:
@@ -497,7 +495,8 @@ def main(argv=None):
     except checkpoint.OutputLocked as e:
         die(e)
     except KeyboardInterrupt:
-        print(f"pretrain.py: interrupted; the run resumes from its last state with the same command", file=sys.stderr)
+        print("pretrain.py: interrupted; the run resumes from its last state with the same command", file=sys.stderr)
+        sys.exit(130)
         sys.exit(130)
 
 
@@ -529,5 +528,4 @@ def pretrain(args, dest):
 
 
 if __name__ == "__main__":
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    main()
+    cli.run(main, "pretrain.py")

@@ -15,6 +15,7 @@ import torch
 
 import bert
 import checkpoint
+import cli as cli_py
 import export as export_py
 from bert import Bert, BertConfig, batch_tensors, encode, load_tokenizer
 from checkpoint import read_metadata
@@ -213,7 +214,7 @@ def test_second_export_to_one_folder_refuses(replaced, tmp_path):
 
 @pytest.mark.parametrize("exc, code, message", [
     (OSError(5, "Input/output error"), 2, "error: [Errno 5] Input/output error"),
-    (KeyboardInterrupt(), 130, "interrupted")])
+    (KeyboardInterrupt(), 130, "export.py: interrupted")])
 def test_failure_between_the_two_renames_puts_the_old_folder_back(replaced, tmp_path, monkeypatch, capsys, exc, code,
                                                                   message):
     out, before, other = replaced
@@ -227,7 +228,7 @@ def test_failure_between_the_two_renames_puts_the_old_folder_back(replaced, tmp_
         rename(a, b)
     monkeypatch.setattr(os, "rename", second_fails)
     with pytest.raises(SystemExit) as e:
-        export_py.main([str(other), str(out), "--force"])
+        cli_py.run(lambda: export_py.main([str(other), str(out), "--force"]), "export.py")  # as `python export.py` runs
     assert e.value.code == code and capsys.readouterr().err == message + "\n"
     assert len(calls) == 3 and snapshot(out) == before and hidden(tmp_path) == []
 
@@ -300,21 +301,20 @@ def test_export_killed_after_the_swap_leaves_the_new_folder(replaced, tiny_ckpt,
 
 
 CTRL_C_MID_EXPORT = """
-import os, signal, sys, checkpoint, export
+import os, signal, sys, checkpoint, cli, export
 save = checkpoint.save_checkpoint
 def save_then_ctrl_c(*args, **kwargs):
     save(*args, **kwargs)
     os.kill(os.getpid(), signal.SIGINT)  # a real Ctrl-C: the new folder is written, not yet in place
 checkpoint.save_checkpoint = save_then_ctrl_c
-signal.signal(signal.SIGINT, signal.default_int_handler)
-export.main(sys.argv[1:])
+cli.run(lambda: export.main(sys.argv[1:]), "export.py")
 """
 
 
 def test_ctrl_c_mid_export_is_one_line_and_exit_130(replaced, tmp_path):
     out, before, other = replaced
     r = run_py(CTRL_C_MID_EXPORT, other, out, "--force")
-    assert r.returncode == 130 and r.stderr == "interrupted\n", r.stderr
+    assert r.returncode == 130 and r.stderr == "export.py: interrupted\n", r.stderr
     assert snapshot(out) == before and hidden(tmp_path) == []
 
 
