@@ -20,8 +20,7 @@ import augment
 import bert
 import prompt
 import sg_loss
-from checkpoint import die
-from cli import at_least, positive
+from cli import at_least, die, positive
 
 @dataclass(frozen=True)
 class Method:
@@ -82,6 +81,13 @@ OWN_FLAGS = {"whiten_dim": "whitening", "template": "promptbert", "template2": "
 
 # -----------------------------------------------------------------------------
 # the flags of a method and its recipe
+
+
+def takes(loss, flag):
+    """Does --loss `loss` take `flag` ('--lr', 'lr' or 'whiten-dim')? The one answer, from the table: not a flag
+    the method ignores, not another method's own setting. train.py refuses the others; experiments.py asks here."""
+    name = flag.removeprefix("--").replace("-", "_")
+    return name not in METHODS[loss].ignores and OWN_FLAGS.get(name, loss) == loss
 
 
 def add_method_flags(a):

@@ -660,9 +660,7 @@ def get_args(argv=None):
 def used_flags(cfg):
     """The resolved config less the flags that mean nothing for its method (methods.py: its `ignores`, and another
     method's own settings): what the run's config line shows. The checkpoint's metadata keeps them all."""
-    m = methods.METHODS[cfg.loss]
-    return {k: v for k, v in vars(cfg).items()
-            if k not in m.ignores and methods.OWN_FLAGS.get(k, cfg.loss) == cfg.loss}
+    return {k: v for k, v in vars(cfg).items() if methods.takes(cfg.loss, k)}
 
 
 def given_flags(parser, argv):
