@@ -20,13 +20,17 @@ import numpy as np
 import pytest
 
 import checkpoint
+import data
 import experiments
+import report
+import sweep
 from experiments import Experiment, Variant
+from sweep import RunKey
 from test_train import world  # noqa: F401  (the tiny model, data and sentences fixture)
 
 
 @pytest.fixture
-def sweep(world, shared_data, monkeypatch, tmp_path):  # noqa: F811
+def real_sweep(world, shared_data, monkeypatch, tmp_path):  # noqa: F811
     monkeypatch.setattr(experiments, "EXPERIMENTS", {
         "tiny": Experiment("two variants", [Variant("base", [], {"BERT-base": "74.62"}),
                                             Variant("sg", ["--loss", "sg"]),
@@ -34,13 +38,13 @@ def sweep(world, shared_data, monkeypatch, tmp_path):  # noqa: F811
         "other": Experiment("shares a run with tiny", [Variant("same", [])]),
     })
     calls = []
-    real = experiments.run_child
+    real = sweep.run_child
 
     def counting_run(cmd, log):
         calls.append(cmd)
         return real(cmd, log)
 
-    monkeypatch.setattr(experiments, "run_child", counting_run)
+    monkeypatch.setattr(sweep, "run_child", counting_run)
     out = tmp_path / "runs"
     argv = ["--model", str(world["model"]), "--seeds", "1", "2", "--out", str(out), "--data-dir", str(shared_data),
             "--data", str(world["sents"]), "--batch-size", "4", "--max-steps", "3", "--eval-every", "2",
@@ -49,52 +53,52 @@ def sweep(world, shared_data, monkeypatch, tmp_path):  # noqa: F811
 
 
 @pytest.mark.slow  # each run evaluates the 7 real STS tasks (a few seconds with the tiny BERT)
-def test_sweep_resumes_after_a_kill_and_reports_numpy_means(sweep, monkeypatch):
+def test_sweep_resumes_after_a_kill_and_reports_numpy_means(real_sweep, monkeypatch):
     n = [0]
 
     def killed_on_third(cmd, log):  # the 3rd run is killed: the sweep stops there
         n[0] += 1
         if n[0] == 3:
             raise KeyboardInterrupt
-        return sweep["real"](cmd, log)
+        return real_sweep["real"](cmd, log)
 
-    monkeypatch.setattr(experiments, "run_child", killed_on_third)
+    monkeypatch.setattr(sweep, "run_child", killed_on_third)
     with pytest.raises(SystemExit) as e:
-        experiments.main(["tiny", *sweep["argv"]])
+        experiments.main(["tiny", *real_sweep["argv"]])
     assert e.value.code == 130
-    out = sweep["out"] / "tiny"
+    out = real_sweep["out"] / "tiny"
     assert sorted(p.relative_to(out).as_posix() for p in out.glob("*/*.json")) == ["base/seed-1.json", "sg/seed-1.json"]
     assert not list(out.glob("*/.*.lock")), "the killed run's lock was not released"
 
-    monkeypatch.setattr(experiments, "run_child", lambda c, log: sweep["calls"].append(c) or sweep["real"](c, log))
-    experiments.main(["tiny", *sweep["argv"]])
-    ran = [(Path(c[1]).name, c[c.index("--seed") + 1] if "--seed" in c else None) for c in sweep["calls"]]
+    monkeypatch.setattr(sweep, "run_child", lambda c, log: real_sweep["calls"].append(c) or real_sweep["real"](c, log))
+    experiments.main(["tiny", *real_sweep["argv"]])
+    ran = [(Path(c[1]).name, c[c.index("--seed") + 1] if "--seed" in c else None) for c in real_sweep["calls"]]
     assert ran == [("evaluate.py", None), ("train.py", "2"), ("train.py", "2")]  # only what was missing
-    assert sweep["calls"][0][6:10] == ["--device", "cpu", "--batch-size", "512"]  # as the sweep's train.py runs
+    assert real_sweep["calls"][0][6:10] == ["--device", "cpu", "--batch-size", "512"]  # as the sweep's train.py runs
 
     summary = json.loads((out / "results.json").read_text())["variants"]
     for v in ("base", "sg"):
         recs = [json.loads((out / v / f"seed-{s}.json").read_text()) for s in (1, 2)]
-        for task in [*experiments.TASKS, "avg"]:
+        for task in [*data.TASKS, "avg"]:
             xs = [r["sts"][task]["all"] for r in recs]
             assert summary[v]["sts"][task] == pytest.approx([np.mean(xs), np.std(xs, ddof=1)])
         assert summary[v]["wall_seconds"][0] == pytest.approx(np.mean([r["train"]["wall_seconds"] for r in recs]))
-        assert all(r["command"][2] == world_name(sweep) for r in recs)  # the model by its own name, not a path
+        assert all(r["command"][2] == world_name(real_sweep) for r in recs)  # the model by its own name, not a path
     assert summary["cls"]["seeds"] == [None]
     md = (out / "results.md").read_text()
     assert "| base | 2 |" in md and "74.62" in md and "ms/step" in md
 
-    sweep["calls"].clear()  # a third time: nothing to do; the other experiment copies tiny's identical run
-    experiments.main(["tiny", *sweep["argv"]])
-    experiments.main(["other", *sweep["argv"]])
-    assert sweep["calls"] == []
-    same = json.loads((sweep["out"] / "other/same/seed-1.json").read_text())
+    real_sweep["calls"].clear()  # a third time: nothing to do; the other experiment copies tiny's identical run
+    experiments.main(["tiny", *real_sweep["argv"]])
+    experiments.main(["other", *real_sweep["argv"]])
+    assert real_sweep["calls"] == []
+    same = json.loads((real_sweep["out"] / "other/same/seed-1.json").read_text())
     base = json.loads((out / "base/seed-1.json").read_text())
     assert same["same_as"] == "tiny/base/seed-1.json" and same["sts"] == base["sts"]
 
 
-def world_name(sweep):
-    return Path(sweep["argv"][1]).name
+def world_name(real_sweep):
+    return Path(real_sweep["argv"][1]).name
 
 
 def test_list_prints_every_experiment(capsys):
@@ -203,8 +207,7 @@ def fake(tmp_path, monkeypatch, shared_data):
     root.mkdir()
     for script in ("train.py", "evaluate.py"):
         (root / script).write_text(FAKE)
-    monkeypatch.setattr(experiments, "ROOT", root)
-    monkeypatch.setattr(experiments, "POLL", 0.05)
+    monkeypatch.setattr(sweep, "ROOT", root)
     log = tmp_path / "calls.jsonl"
     monkeypatch.setenv("FAKE_LOG", str(log))
     out = tmp_path / "runs"
@@ -226,12 +229,16 @@ def write(path, text):
     path.write_text(text)
 
 
+def report_of(name, out):
+    return report.report(name, experiments.EXPERIMENTS[name], out)
+
+
 def record(path, **rec):
     write(path, json.dumps(rec))
 
 
 def sts_record(score, seed=1):
-    sts = {t: {"all": score} for t in [*experiments.TASKS, "avg"]}
+    sts = {t: {"all": score} for t in [*data.TASKS, "avg"]}
     return dict(seed=seed, sts=sts, train=dict(best_step=1, wall_seconds=6.0, test_seconds=1.0, ms_per_step=9.0))
 
 
@@ -241,12 +248,12 @@ def test_report_from_run_files(tmp_path, monkeypatch):
     rng = np.random.default_rng(0)
     for v, shift in (("a", 0.0), ("b", -3.0)):
         for seed in (1, 2, 3):
-            sts = {t: {"all": float(70 + shift + rng.normal())} for t in experiments.TASKS}
+            sts = {t: {"all": float(70 + shift + rng.normal())} for t in data.TASKS}
             sts["avg"] = {"all": float(np.mean([x["all"] for x in sts.values()]))}
             train = dict(best_step=100, dev=80.0, test=75.0, steps=300, stop=None, wall_seconds=60.0 * seed,
                          test_seconds=2.0, ms_per_step={"BERT_F fwd": 100.0, "BERT_T fwd+bwd": 300.0})
             record(tmp_path / "d" / v / f"seed-{seed}.json", seed=seed, sts=sts, train=train)
-    s = experiments.report("d", tmp_path)
+    s = report_of("d", tmp_path)
     for v in ("a", "b"):
         recs = [json.loads((tmp_path / "d" / v / f"seed-{k}.json").read_text()) for k in (1, 2, 3)]
         xs = [r["sts"]["avg"]["all"] for r in recs]
@@ -279,9 +286,9 @@ def test_bad_records_are_named_and_missing_while_the_rest_reports(fake, monkeypa
         assert str(t / path) in line and why in line and "move the file aside and re-run" in line
     assert "Missing: b/seed-2.json" in out and "No finished runs yet: c, d, e, f." in out and "| a | 1 |" in out
     # find_finished passes over them too (no crash), and still finds the valid run
-    assert experiments.find_finished(fake.out, "[]", "seed-2", []) is None
-    record(t / "a/seed-2.json", **sts_record(71), key=experiments.run_key("m", ["train.py"], 2))
-    found = experiments.find_finished(fake.out, experiments.run_key("m", ["train.py"], 2), "seed-2", [])
+    assert sweep.find_finished(fake.out, RunKey("m", ("train.py",), 2), "seed-2", []) is None
+    record(t / "a/seed-2.json", **sts_record(71), key=str(RunKey("m", ("train.py",), 2)))
+    found = sweep.find_finished(fake.out, RunKey("m", ("train.py",), 2), "seed-2", [])
     assert found[0] == t / "a/seed-2.json"
 
     # the sweep: the corrupt record's run is not run over it, the others are, exit status 1
@@ -421,8 +428,8 @@ def driver(fake, exp, *argv):
     """A sweep in a process of its own, on the fake scripts, of the experiment exp (a list of Variant kwargs)."""
     code = ("import json, signal, sys; from pathlib import Path; sys.path.insert(0, sys.argv[1]); "
             "signal.signal(signal.SIGINT, signal.default_int_handler); signal.signal(signal.SIGHUP, signal.SIG_DFL); "
-            "import experiments as x; "
-            "x.ROOT, x.POLL = Path(sys.argv[2]), 0.05; "
+            "import experiments as x, sweep; "
+            "sweep.ROOT = Path(sys.argv[2]); "
             "x.EXPERIMENTS = {'t': x.Experiment('test', [x.Variant(**v) for v in json.loads(sys.argv[3])])}; "
             "x.main(sys.argv[4:])")
     return [sys.executable, "-c", code, str(Path(experiments.__file__).parent), str(fake.root), json.dumps(exp),
@@ -486,7 +493,7 @@ def test_a_signal_ignored_at_start_stays_ignored():
     """`nohup python experiments.py ...`: a closed terminal does not stop the sweep."""
     old, term = signal.signal(signal.SIGHUP, signal.SIG_IGN), signal.getsignal(signal.SIGTERM)
     try:
-        with experiments.stop_on_signals():
+        with sweep.stop_on_signals():
             assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
             assert signal.getsignal(signal.SIGTERM) not in (signal.SIG_IGN, signal.SIG_DFL, term)
         assert signal.getsignal(signal.SIGTERM) == term  # restored
@@ -500,16 +507,16 @@ def test_a_signal_ignored_at_start_stays_ignored():
 def test_table1_has_the_baselines_and_the_paper_protocol_is_uncapped(fake):
     names = [v.name for v in experiments.EXPERIMENTS["table1"].variants]
     assert names == ["cls", "mean", "first-last", "wk", "whitening", "flow", "sg", "sg-opt"]
-    runs = experiments.plan("table1", experiments.PAPER_SEEDS, fake.out)
+    runs = sweep.plan("table1", experiments.EXPERIMENTS["table1"], experiments.PAPER_SEEDS, fake.out)
     assert len(runs) == 4 + 1 + 3 * 8  # the evaluations and the whitening once, the rest at 8 seeds
     args = SimpleNamespace(model="m", data_dir=None, out=fake.out)
-    cmds = {str(r): experiments.commands(r, args, ["--lam", "0.2", "--device", "cpu"], None)[1] for r in runs}
+    cmds = {str(r): sweep.commands(r, args, ["--lam", "0.2", "--device", "cpu"], None)[1] for r in runs}
     assert not any("--max-steps" in c for c in cmds.values())
     assert cmds["table1/whitening/fit"][4:8] == ["--device", "cpu", "--loss", "whitening"]  # no --lam, no --seed
     assert "--seed" not in cmds["table1/whitening/fit"] and "--lam" not in cmds["table1/flow/seed-7890"]
     assert cmds["table1/wk/eval"][4:10] == ["--pooling", "wk", "--device", "cpu", "--json",
                                            str(fake.out / "table1/wk/.eval.result.json")]
-    capped = experiments.commands(runs[5], args, ["--max-steps", "300", "--batch-size", "4"], None)[1]
+    capped = sweep.commands(runs[5], args, ["--max-steps", "300", "--batch-size", "4"], None)[1]
     assert runs[5].v.name == "flow" and capped[4:8] == ["--max-steps", "300", "--batch-size", "4"]  # flow takes both
 
 
@@ -588,8 +595,8 @@ def test_figure4_plot(fake, capsys):
 
 def test_leaderboard_transfers_the_first_seed_only_and_reports_every_method(fake, capsys):
     record(fake.out / "methods/simcse/seed-2.json", **sts_record(60, seed=2),
-           key=experiments.run_key("m", ["train.py", "--loss", "simcse", "--seed", "2", "--data-dir", str(fake.data)],
-                                   2))  # a finished run of the same command elsewhere: seed 2 is copied
+           key=str(RunKey("m", ("train.py", "--loss", "simcse", "--seed", "2", "--data-dir", str(fake.data)),
+                          2)))  # a finished run of the same command elsewhere: seed 2 is copied
     experiments.main(["leaderboard", *fake.argv])
     t = fake.out / "leaderboard"
     one, two = (json.loads((t / f"sg-opt/seed-{s}.json").read_text()) for s in (1, 2))
@@ -635,13 +642,44 @@ def test_report_names_the_base_weights_and_warns_when_two_differ(tmp_path, monke
     use(monkeypatch, Variant("a"), name="h")
     for seed, sha in ((1, "ab" * 32), (2, "ab" * 32)):
         record(tmp_path / "h" / "a" / f"seed-{seed}.json", **sts_record(70.0, seed), model_sha256=sha)
-    experiments.report("h", tmp_path)
+    report_of("h", tmp_path)
     md = (tmp_path / "h" / "results.md").read_text()
     assert f"sha256 {'ab' * 8}." in md and "warning" not in md
     record(tmp_path / "h" / "a" / "seed-3.json", **sts_record(70.0, 3), model_sha256="cd" * 32)
-    experiments.report("h", tmp_path)
+    report_of("h", tmp_path)
     md = (tmp_path / "h" / "results.md").read_text()
     assert "2 different weights" in md and "2 different base weights" in capsys.readouterr().err
+
+
+def test_a_runs_identity_is_its_command_and_a_records_key_reads_back_as_the_same_identity(fake):
+    """Equal commands make equal keys (the outputs, the --out folder and a model's folder are not part of it); the
+    key a record stores parses back into the same RunKey, as do the keys of every record committed under results/."""
+    exp = experiments.EXPERIMENTS["leaderboard"]
+
+    def keys(model, out, extra=()):
+        args = SimpleNamespace(model=model, data_dir=None, out=out)
+        return [sweep.commands(r, args, list(extra), None)[0] for r in sweep.plan("leaderboard", exp, [1, 2], out)]
+    a, b = keys("m", fake.out), keys(str(fake.tmp / "models" / "m"), fake.tmp / "elsewhere")  # a folder named m
+    assert a == b and len(set(a)) == len(a) and {hash(k) for k in a} == {hash(k) for k in b}
+    assert keys("m", fake.out, ["--lr", "1e-4"]) != a and keys("other", fake.out) != a
+    one = {str(k): k for k in a}
+    sg1 = next(k for k in a if k.command[:2] == ("train.py", "--seed") and k.seed == 1)
+    assert sg1 == RunKey("m", ("train.py", "--seed", "1"), 1, ("--tasks", "transfer", "--transfer-config", "paper"))
+    assert str(sg1) == '["m", ["train.py", "--seed", "1", "then", "--tasks", "transfer", "--transfer-config", ' \
+                       '"paper"], 1]'  # the format every record holds
+    assert sg1.trained() == RunKey("m", ("train.py", "--seed", "1"), 1) and sg1.trained().then == ()
+    assert all(RunKey.parse(s) == k for s, k in one.items())
+    assert RunKey.parse(json.dumps(["/some/folder/m", ["train.py", "--seed", "1"], 1])) == sg1.trained()
+    for junk in (None, "", "x", "[]", '["m", ["train.py"]]', '[1, ["train.py"], 1]', '["m", "train.py", 1]'):
+        assert RunKey.parse(junk) is None
+    results = Path(experiments.__file__).parent / "results"
+    stored = [rec["key"] for p in results.rglob("*.json") for rec in [json.loads(p.read_text())]
+              if isinstance(rec, dict) and "key" in rec]
+    assert stored and all(str(RunKey.parse(s)) == s for s in stored)
+    experiments.main(["leaderboard", *fake.argv, "--seeds", "1", "--variants", "sg-opt"])
+    rec = json.loads((fake.out / "leaderboard/sg-opt/seed-1.json").read_text())
+    assert RunKey.parse(rec["key"]) == RunKey("m", ("train.py", "--seed", "1", "--data-dir", str(fake.data)), 1,
+                                              ("--tasks", "transfer", "--transfer-config", "paper"))
 
 
 def test_a_record_names_the_sha256_of_the_model_it_ran_on(tmp_path):
@@ -649,8 +687,8 @@ def test_a_record_names_the_sha256_of_the_model_it_ran_on(tmp_path):
     folder.mkdir()
     (folder / "model.safetensors").write_bytes(b"weights")
     want = hashlib.sha256(b"weights").hexdigest()
-    assert experiments.model_sha256(str(folder)) == want
-    assert experiments.model_sha256(str(tmp_path / "absent")) is None
+    assert sweep.model_sha256(str(folder)) == want
+    assert sweep.model_sha256(str(tmp_path / "absent")) is None
 
 
 def test_every_sweep_flag_goes_to_every_row_that_takes_it(fake):
@@ -658,8 +696,8 @@ def test_every_sweep_flag_goes_to_every_row_that_takes_it(fake):
     --lr the flow, neither the other way round, and --proj-size only the rows with the projection head."""
     args = SimpleNamespace(model="m", data_dir=None, out=fake.out)
     extra = ["--whiten-dim", "4", "--batch-size", "8", "--lr", "1e-3", "--proj-size", "16", "--precision", "fp32"]
-    cmds = {r.v.name: experiments.commands(r, args, extra, None)[1][4:]
-            for r in experiments.plan("leaderboard", [1], fake.out)}
+    cmds = {r.v.name: sweep.commands(r, args, extra, None)[1][4:]
+            for r in sweep.plan("leaderboard", experiments.EXPERIMENTS["leaderboard"], [1], fake.out)}
 
     def given(v):
         return {f for f in cmds[v] if f.startswith("--")} & {"--whiten-dim", "--batch-size", "--lr", "--proj-size",

@@ -1,0 +1,333 @@
+"""
+The reports of experiments.py: which run records count, mean +- std over seeds, and the paper's tables (Table 1 and 5:
+the STS tasks; Table 4: transfer; Table 6: efficiency; Figure 4: the drops; the leaderboard), printed and written as
+results.md and results.json beside the runs. It reads only: sweep.py writes the records.
+
+A record is <out>/<experiment>/<variant>/{seed-<s>,eval,fit}.json. It counts when it is valid JSON of a run's shape
+holding every number its experiment's tables need (needs); any other is named with what to do, and left out.
+"""
+import json
+import math
+import os
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+
+import data
+from checkpoint import write_json, write_text
+from data import SHORT, TASKS
+
+RECORD = re.compile(r"(seed-\d+|eval|fit)\.json")  # never the hidden files of runs in flight (.seed-1.result.json)
+
+
+def number(x):
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def get(x, *keys):
+    """x[k1][k2]..., or None where a level is missing or not a dict."""
+    for k in keys:
+        x = x.get(k) if isinstance(x, dict) else None
+    return x
+
+
+def needs(exp, v):
+    """The key paths a record of v must hold, each a number, for exp's tables."""
+    if exp.table == "leaderboard":  # transfer only on the first seed's runs: not needed
+        paths = [("sts", t, "all") for t in [*TASKS, "avg"]]
+    elif exp.table == "transfer":
+        paths = [("transfer", t, "acc") for t in data.TRANSFER] + [("transfer", "avg")]
+    elif exp.table == "efficiency":
+        paths = [("sts", "STSBenchmark", "all")] + ([("sts", "seconds")] if v.evaluate_only else [])
+    else:
+        paths = [("sts", t, "all") for t in [*TASKS, "avg"]]
+    return paths + ([] if v.evaluate_only else [("train", k) for k in ("wall_seconds", "test_seconds", "ms_per_step")])
+
+
+def read_record(path, paths):
+    """(record, None) when path is a run record holding every key path, else (None, what is wrong with it)."""
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        return None, f"not readable as UTF-8 text ({e})"
+    if not text.strip():
+        return None, "empty"
+    try:
+        rec = json.loads(text)
+    except ValueError as e:
+        return None, f"not valid JSON ({e})"
+    if not isinstance(rec, dict):
+        return None, f"a JSON {type(rec).__name__}, not a run record"
+    for p in paths:
+        x = get(rec, *p)
+        phases = p[-1] == "ms_per_step" and isinstance(x, dict) and all(map(number, x.values()))  # older records
+        if not (number(x) or phases):
+            return None, f"'{'/'.join(p)}' is missing or not a number"
+    for k in ("dev", "test", "fit_seconds"):  # not needed by every table, but a number where present (never a NaN row)
+        if get(rec, "train", k) is not None and not number(get(rec, "train", k)):
+            return None, f"'train/{k}' is not a number ({get(rec, 'train', k)!r})"
+    return rec, None
+
+
+def bad_record_line(path, why):
+    return f"warning: {path}: {why}; this run is left out (shown as missing): move the file aside and re-run the sweep"
+
+
+def load_records(exp, folder):
+    """{variant: [valid records]} of an experiment's folder, and [(path, what is wrong)] of the records that do not
+    count (corrupt, empty, of the wrong shape, a needed key missing)."""
+    recs, bad = {}, []
+    for v in exp.variants:
+        paths = [p for p in (folder / v.name).glob("*.json") if RECORD.fullmatch(p.name)]
+        for path in sorted(paths, key=lambda p: (len(p.name), p.name)):  # seed-2 before seed-10
+            rec, why = read_record(path, needs(exp, v))
+            if rec is None:
+                bad.append((path, why))
+            else:
+                recs.setdefault(v.name, []).append(rec)
+    return recs, bad
+
+
+# -----------------------------------------------------------------------------
+# summaries and tables
+
+
+def ms(xs):
+    """[mean, std] over seeds; std: the sample standard deviation (ddof=1), 0 for one run."""
+    xs = np.asarray(xs, dtype=float)
+    return [float(xs.mean()), float(xs.std(ddof=1)) if len(xs) > 1 else 0.0]
+
+
+def step_ms(x):
+    """A record's time per step: one figure (or, in records written before the step was timed whole, its phases)."""
+    return sum(x.values()) if isinstance(x, dict) else float(x)
+
+
+def summarize_variant(v, recs):
+    """{seeds, paper, sts: {task: [mean, std]}, transfer: {task: [mean, std]}, transfer_n, and the times} over v's
+    records; an STS task is in only when every record has it, transfer is over the records that have all of it
+    (the leaderboard's transfer runs on the first seed only)."""
+    row = {"seeds": [r.get("seed") for r in recs], "paper": v.paper}
+    with_transfer = [r for r in recs if all(number(get(r, "transfer", t, "acc")) for t in data.TRANSFER)
+                     and number(get(r, "transfer", "avg"))]
+    for block, tasks, key, rs in (("sts", [*TASKS, "avg"], "all", recs),
+                                  ("transfer", [*data.TRANSFER, "avg"], "acc", with_transfer)):
+        cols = {t: [get(r, block, t, key) if t != "avg" or block == "sts" else get(r, block, t) for r in rs]
+                for t in tasks}
+        cols = {t: ms(xs) for t, xs in cols.items() if xs and all(map(number, xs))}
+        if cols:
+            row[block] = cols
+    row["transfer_n"] = len(with_transfer)
+    if v.evaluate_only:
+        secs = [get(r, "sts", "seconds") for r in recs]
+        if all(map(number, secs)):
+            row["inference_seconds"] = ms(secs)
+        stsb = [get(r, "sts", "task_seconds", "STSBenchmark") for r in recs]  # the STS-B test set alone (leaderboard)
+        if all(map(number, stsb)):
+            row["stsb_seconds"] = ms(stsb)
+        return row
+    train = [r["train"] for r in recs]
+    row.update({k: ms([t[k] for t in train]) for k in ("wall_seconds", "test_seconds")})
+    row["ms_per_step"] = ms([step_ms(t["ms_per_step"]) for t in train])
+    row["best_step"] = ms([t["best_step"] for t in train]) if all(number(t.get("best_step")) for t in train) else None
+    row["train_seconds"] = ms([t.get("fit_seconds", t["wall_seconds"]) for t in train])  # a fit: the fit alone
+    row["inference_seconds"] = row["test_seconds"]
+    return row
+
+
+def summarize(exp, recs):
+    """{variant: row} over the valid records (load_records)."""
+    return {v.name: summarize_variant(v, recs[v.name]) for v in exp.variants if v.name in recs}
+
+
+def cell(x, n):
+    return "" if x is None else f"{x[0]:.2f} +- {x[1]:.2f}" if n > 1 else f"{x[0]:.2f}"
+
+
+def table(head, rows):
+    return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head), *["| " + " | ".join(r) + " |" for r in rows]]
+
+
+def sts_table(exp, summary, paper=True):
+    """The 7 STS tasks and their average, mean +- std over seeds; the drop from a reference; the paper's figures."""
+    blocks = sorted({b for v in exp.variants for b in v.paper}) if paper else []
+    refs = sorted(set(exp.drops.values()))
+    drop = [f"avg - {refs[0]}" if len(refs) == 1 else "avg - reference"] if refs else []
+    head = ["variant", "n", *[SHORT.get(t, t) for t in TASKS], "avg", *drop, *[f"paper ({b})" for b in blocks]]
+    rows = []
+    for v, r in summary.items():
+        n, ref = len(r["seeds"]), summary.get(exp.drops.get(v), {}).get("sts", {}).get("avg")
+        mine = r.get("sts", {}).get("avg")
+        d = [f"{mine[0] - ref[0]:+.2f}" + (f" ({exp.drops[v]})" if len(refs) > 1 else "") if ref and mine else ""
+             ] if drop else []
+        rows.append([v, str(n), *[cell(r.get("sts", {}).get(t), n) for t in [*TASKS, "avg"]], *d,
+                     *[r["paper"].get(b, "") for b in blocks]])
+    lines = [f"Spearman x100, `all` protocol, mean +- std over seeds. {exp.note}", "", *table(head, rows)]
+    trained = {v: r for v, r in summary.items() if "wall_seconds" in r}
+    if trained and exp.table == "sts":
+        lines += ["", "Time per run, mean over seeds: train wall time, time per training step, STS-B test inference "
+                  "time, best dev step.", ""]
+        lines += table(["variant", "train (min)", "ms/step", "STS-B test inference (s)", "best step"], [
+            [v, f"{r['wall_seconds'][0] / 60:.1f}", f"{r['ms_per_step'][0]:.0f}", f"{r['test_seconds'][0]:.1f}",
+             "" if r["best_step"] is None else f"{r['best_step'][0]:.0f}"] for v, r in trained.items()])
+    return lines
+
+
+def transfer_table(exp, summary):
+    """Table 4: accuracy per transfer task and the average, mean +- std over seeds, the paper's average beside."""
+    blocks = sorted({b for v in exp.variants for b in v.paper})
+    head = ["variant", "n", *data.TRANSFER, "avg", *[f"paper avg ({b})" for b in blocks]]
+    rows = [[v, str(len(r["seeds"])), *[cell(r.get("transfer", {}).get(t), len(r["seeds"]))
+                                        for t in [*data.TRANSFER, "avg"]], *[r["paper"].get(b, "") for b in blocks]]
+            for v, r in summary.items()]
+    return [f"SentEval transfer accuracy x100, mean +- std over seeds. {exp.note}", "", *table(head, rows)]
+
+
+def efficiency_table(exp, summary):
+    """Table 6: training and STS-B test inference seconds, and both as multiples of mean pooling's inference time,
+    ours beside the paper's."""
+    base = summary.get("mean", {}).get("inference_seconds", [None])[0]
+    paper_base = float(next(v.paper["inference (s)"] for v in exp.variants if v.name == "mean"))
+
+    def x(s, b):
+        return "" if s is None or not b else f"x{s / b:.2f}"
+    rows = []
+    for v in exp.variants:
+        r, p = summary.get(v.name), {k: float(s) for k, s in v.paper.items()}
+        if r is None:
+            continue
+        train, inf = r.get("train_seconds", [None])[0], r.get("inference_seconds", [None])[0]
+        rows.append([v.name, str(len(r["seeds"])), "" if train is None else f"{train:.1f}",
+                     "" if inf is None else f"{inf:.2f}", x(train, base), x(inf, base),
+                     x(p.get("train (s)"), paper_base), x(p.get("inference (s)"), paper_base),
+                     " + ".join(f"{p[k]:.2f}" for k in ("train (s)", "inference (s)") if k in p)])
+    head = ["variant", "n", "train (s)", "inference (s)", "train / mean inf.", "inference / mean inf.",
+            "paper train / mean inf.", "paper inference / mean inf.", "paper seconds (train + inference)"]
+    return [f"Seconds, mean over seeds; x: a multiple of mean pooling's STS-B test inference time. {exp.note}", "",
+            *table(head, rows)]
+
+
+def drops(exp, summary):
+    """{variant: (reference, [STS-B drop, avg drop])} of the runs trained on other text, from the means."""
+    out = {}
+    for v, ref in exp.drops.items():
+        a, b = summary.get(v, {}).get("sts", {}), summary.get(ref, {}).get("sts", {})
+        if all(t in a and t in b for t in ("STSBenchmark", "avg")):
+            out[v] = (ref, [a[t][0] - b[t][0] for t in ("STSBenchmark", "avg")])
+    return out
+
+
+def drops_table(exp, summary):
+    """Figure 4: the STS table, then each drop (trained on other text minus trained on STS-B) beside the paper's."""
+    paper = {v.name: v.paper for v in exp.variants}
+    rows = [[v, ref, f"{d[0]:+.2f}", f"{d[1]:+.2f}", paper[v].get("STS-B", ""), paper[v].get("avg", "")]
+            for v, (ref, d) in drops(exp, summary).items()]
+    return [*sts_table(exp, summary, paper=False), "", "Drop from training on other text (the mean over seeds "
+            "minus the reference's mean); the paper trained on NLI instead of STS-B.", "",
+            *table(["variant", "minus", "STS-B", "7-task avg", "paper STS-B", "paper avg"], rows)]
+
+
+def leaderboard_table(exp, summary):
+    """Every method on one harness: the STS table, the transfer average (its n: the runs that have it) and the cost
+    of each method (train time, time per step, STS-B test inference), each method's own paper figure beside."""
+    head = ["method", "n", *[SHORT.get(t, t) for t in TASKS], "avg", "transfer avg (n)", "train (min)", "ms/step",
+            "STS-B test inference (s)", "own paper (BERT-base)"]
+    rows = []
+    for v in exp.variants:
+        r = summary.get(v.name)
+        if r is None:
+            continue
+        n, sts, tr = len(r["seeds"]), r.get("sts", {}), r.get("transfer", {}).get("avg")
+        train, step = r.get("train_seconds"), r.get("ms_per_step")
+        inf = r.get("inference_seconds") if "wall_seconds" in r else r.get("stsb_seconds")
+        rows.append([v.name, str(n), *[cell(sts.get(t), n) for t in [*TASKS, "avg"]],
+                     f"{cell(tr, r['transfer_n'])} ({r['transfer_n']})" if tr else "",
+                     f"{train[0] / 60:.1f}" if train else "", f"{step[0]:.0f}" if step and step[0] else "",
+                     f"{inf[0]:.1f}" if inf else "", next(iter(v.paper.values()), "")])
+    return [f"Spearman x100, `all` protocol, mean +- std over seeds; transfer: accuracy x100. {exp.note}", "",
+            *table(head, rows)]
+
+
+TABLES = {"sts": sts_table, "transfer": transfer_table, "efficiency": efficiency_table, "drops": drops_table,
+          "leaderboard": leaderboard_table}
+
+
+def report(name, exp, out, plot=None):
+    """Print the experiment's tables and write results.md and results.json beside its runs (a folder we may not
+    write to: the tables are printed all the same). Returns the summary, or None when it has no valid runs."""
+    out = Path(out)
+    recs, bad = load_records(exp, out / name)
+    summary = summarize(exp, recs)
+    for path, why in bad:
+        print(bad_record_line(path, why), file=sys.stderr, flush=True)
+    if not summary:
+        return None
+    lines = [f"## {name}: {exp.title}", "", *models_line(recs, out / name), *TABLES[exp.table](exp, summary)]
+    lines += [""] + [f"Missing: {p.parent.name}/{p.name} ({why})" for p, why in bad] if bad else []
+    none = [v.name for v in exp.variants if v.name not in summary]
+    lines += ["", f"No finished runs yet: {', '.join(none)}."] if none else []
+    text = "\n".join(lines) + "\n"
+    say(text)
+    try:
+        write_json(out / name / "results.json", {"experiment": name, "title": exp.title, "variants": summary,
+                                                 **({"drops": drops(exp, summary)} if exp.drops else {})})
+        write_text(out / name / "results.md", text)
+    except OSError as e:  # report needs only read access
+        print(f"note: the report files in {out / name} were not written ({e.strerror or e}); the tables above are "
+              "complete", file=sys.stderr)
+    if plot:
+        plot_drops(exp, summary, plot)
+    return summary
+
+
+def models_line(recs, folder):
+    """Which base model weights the records were measured on, by sha256 (a table must not mix two models of one
+    name); records written before the hash was kept are counted apart."""
+    shas = [r.get("model_sha256") for rs in recs.values() for r in rs]
+    known = sorted({s for s in shas if s})
+    if not known:
+        return []
+    line = f"Base model weights: sha256 {', '.join(s[:16] for s in known)}"
+    if len(known) > 1:
+        line += f" (warning: {len(known)} different weights under one model name: these rows are not comparable)"
+        print(f"warning: {folder}: its records were measured on {len(known)} different base weights", file=sys.stderr)
+    old = shas.count(None)
+    return [line + (f"; {old} older record(s) name none" if old else "") + ".", ""]
+
+
+def plot_drops(exp, summary, path):
+    """The paper's Figure 4 as bars: STS-B and the 7-task average of each method trained on STS-B's sentences and on
+    other text, the drop written over each pair, the paper's drop in the legend."""
+    import matplotlib
+    matplotlib.use("Agg")  # no display needed
+    import matplotlib.pyplot as plt
+    pairs, paper = drops(exp, summary), {v.name: v.paper for v in exp.variants}
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))
+    for ax, (j, (t, label)) in zip(axes, enumerate((("STSBenchmark", "STS-B"), ("avg", "avg")))):
+        heights = []
+        for i, (v, (ref, d)) in enumerate(pairs.items()):
+            a, b = summary[ref]["sts"][t][0], summary[v]["sts"][t][0]
+            ax.bar([3 * i, 3 * i + 1], [a, b], color=["tab:blue", "tab:orange"])
+            ax.text(3 * i + 0.5, max(a, b) + 0.3, f"{d[j]:+.2f} (paper {paper[v].get(label, '?')})", ha="center",
+                    fontsize=8)
+            heights += [a, b]
+        ax.set_ylim(min(heights, default=0) - 5, max(heights, default=100) + 2)  # the drops are a few points
+        ax.set_xticks([3 * i + 0.5 for i in range(len(pairs))], [ref for ref, _ in pairs.values()])
+        ax.set_title(f"{'STS-B' if j == 0 else '7 STS tasks, average'}: Spearman x100")
+    fig.legend(handles=[plt.Rectangle((0, 0), 1, 1, color=c) for c in ("tab:blue", "tab:orange")],
+               labels=["trained on STS-B's sentences", "trained on the transfer tasks' text"], loc="lower center",
+               ncol=2, fontsize=8)
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    fig.savefig(path, dpi=120)
+    print(f"figure written to {path}")
+
+
+def say(text):
+    """Print text to stdout. A reader that closed the pipe early (`report leaderboard | head`) has all it wanted:
+    the rest of the output goes nowhere, quietly, and the work goes on (report still writes its files)."""
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so that the flush at exit cannot fail again

@@ -1,0 +1,459 @@
+"""
+The engine behind experiments.py: a sweep runs each variant x seed of an experiment (experiments.py's table, passed
+in) once, as `python train.py ...` or `python evaluate.py ...` in a child process, and writes its record; re-run, it
+skips what is finished. What --help of experiments.py promises, and how:
+
+- A run's identity is a RunKey (model, script and flags, seed, second step). A finished run of another experiment with
+  the same key is copied (same_as); one that trained the same model takes only its own second step on that run's
+  checkpoint (trained_as).
+- A record appears only when the run has finished: the child writes a hidden .result.json, the sweep writes the
+  record atomically (checkpoint.write_json) from it. Only a valid record counts (report.read_record).
+- A run in flight holds an flock beside its record (checkpoint.output_lock), so two sweeps on one --out (two cores,
+  two experiments or --variants) run each run once; the kernel drops the flock of a dead sweep, so SIGKILL leaves
+  nothing in the way of a resume. A sweep that meets a run another live sweep holds waits on its flock at the end.
+- A child runs in a process group of its own: SIGINT, SIGTERM, SIGHUP stop it with its group (stop_on_signals,
+  stop_group), and on Linux it dies with the sweep even when the sweep is killed with SIGKILL (die_with_parent).
+"""
+import contextlib
+import fcntl
+import functools
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import data
+from checkpoint import LoadError, OutputLocked, display_name, output_lock, weights_sha256, write_json, write_text
+from cli import die
+from report import bad_record_line, get, needs, number, read_record, report
+
+ROOT = Path(__file__).resolve().parent  # where train.py and evaluate.py are
+TRAIN_KEYS = ("best_step", "dev", "test", "steps", "stop", "wall_seconds", "test_seconds", "ms_per_step",
+              "fit_seconds")  # what a record keeps of train.py's result
+EVAL_FLAGS = {"--device": "--device", "--eval-batch-size": "--batch-size"}  # a sweep's flags that evaluate.py takes
+TRANSFER_TEXT = "{transfer_text}"  # a --data value: the file transfer_text() writes into --out
+
+
+@dataclass(frozen=True)
+class RunKey:
+    """What makes two runs the same run: the base model (by its own name, as display_name gives it), the script and
+    its flags in order (argparse: the last one wins), the seed (None: run once), and the evaluate.py flags of the
+    second step on its checkpoint (none: no second step). The outputs (--out, --json), --overwrite and where the
+    transfer text lies are not part of it. A record stores str(key), the JSON [model, [script, *flags, "then",
+    *then], seed] that every record under results/ holds; RunKey.parse reads it back."""
+    model: str
+    command: tuple  # (script, *flags)
+    seed: int | None
+    then: tuple = ()  # evaluate.py's flags
+
+    def __str__(self):
+        return json.dumps([self.model, [*self.command, *(["then", *self.then] if self.then else [])], self.seed])
+
+    @classmethod
+    def parse(cls, text):
+        """The key a record stores, or None when it is not one. The model is named by its own name again, so that
+        records written before keys named models that way still match."""
+        try:
+            model, flags, seed = json.loads(text)
+        except (TypeError, ValueError):
+            return None
+        if not (isinstance(model, str) and isinstance(flags, list) and all(isinstance(f, str) for f in flags)):
+            return None
+        i = flags.index("then") if "then" in flags else len(flags)
+        return cls(display_name(model), tuple(flags[:i]), seed, tuple(flags[i + 1:]))
+
+    def trained(self):
+        """The run that trained this one's model: the same key without the second step."""
+        return replace(self, then=())
+
+
+def flag_groups(flags):
+    """['--a', '1', '--b', '--c=2'] -> [['--a', '1'], ['--b'], ['--c=2']]: each flag with its values."""
+    groups = []
+    for f in flags:
+        if f.startswith("--") or not groups:
+            groups.append([f])
+        else:
+            groups[-1].append(f)
+    return groups
+
+
+def sweep_flags(extra, accepts=None, rename=None):
+    """The sweep's flags (extra) that a run takes: those accepts(flag) says it takes (None: all), renamed by rename
+    {ours: theirs} (only those, when rename is given)."""
+    out = []
+    for g in flag_groups(extra):
+        name, eq, value = g[0].partition("=")
+        if accepts is not None and not accepts(name) or rename is not None and name not in rename:
+            continue
+        out += [(rename or {}).get(name, name) + eq + value, *g[1:]]
+    return out
+
+
+def takes(v, flag):
+    """Does variant v's train.py run take the sweep's flag (e.g. '--lr')? methods.py answers for v's method (train.py
+    refuses the others). Imported here: list and report need no torch."""
+    import methods
+    return methods.takes(next((g[1] for g in flag_groups(v.flags) if g[0] == "--loss" and len(g) > 1), "opt"), flag)
+
+
+def untaken(runs, extra):
+    """The sweep's flags that no run of it takes (train.py's by its method, evaluate.py's by EVAL_FLAGS)."""
+    names = [g[0].partition("=")[0] for g in flag_groups(extra) if g[0].startswith("--")]
+    return [f for f in names if not any(f in EVAL_FLAGS if r.v.evaluate_only else takes(r.v, f) for r in runs)]
+
+# -----------------------------------------------------------------------------
+# one run: its key and commands, its child processes, its record
+
+
+@dataclass
+class Run:
+    """One variant x seed of an experiment, and where its files go."""
+    exp: str  # the experiment's name
+    v: object  # experiments.Variant
+    seed: int  # None: run once (an evaluation, an unseeded fit)
+    folder: Path
+    then: bool = True  # takes its variant's second step (Experiment.then_seeds)
+
+    @property
+    def stem(self):
+        return "eval" if self.v.evaluate_only else "fit" if self.seed is None else f"seed-{self.seed}"
+
+    def path(self, suffix, hidden=""):
+        """Its file with this suffix; hidden: a run in flight's file (".result" -> .seed-1.result.json)."""
+        return self.folder / f"{'.' if hidden else ''}{self.stem}{hidden}{suffix}"
+
+    def __str__(self):
+        return f"{self.exp}/{self.v.name}/{self.stem}"
+
+
+def plan(name, exp, seeds, out, only=None):
+    """The runs of a sweep, seed-major: every variant (those named in `only`, in its order, when given) gets its first
+    seed before any gets its second."""
+    runs = []
+    variants = [next(v for v in exp.variants if v.name == n) for n in dict.fromkeys(only)] if only else exp.variants
+    for i, seed in enumerate(seeds):
+        for v in variants:
+            once = v.evaluate_only or not v.seeded
+            if not (once and i > 0):
+                then = not exp.then_seeds or i < exp.then_seeds
+                runs.append(Run(name, v, None if once else seed, Path(out) / name / v.name, then))
+    return runs
+
+
+def commands(run, args, extra, text):
+    """(key, the run's command, the command of its second step or None). text: the transfer-text file."""
+    v, data_dir = run.v, (["--data-dir", args.data_dir] if args.data_dir else [])
+    second = v.then if run.then else []
+    if v.evaluate_only:
+        script, flags = "evaluate.py", [*v.flags, *sweep_flags(extra, rename=EVAL_FLAGS), *data_dir]
+    else:
+        seed = [] if run.seed is None else ["--seed", str(run.seed)]
+        script, flags = "train.py", [*sweep_flags(extra, lambda f: takes(v, f)), *v.flags, *seed, *data_dir]
+    key = RunKey(display_name(args.model), (script, *map(str, flags)), run.seed, tuple(map(str, second)))
+    flags = [str(text) if f == TRANSFER_TEXT else f for f in flags]
+    cmd = [sys.executable, str(ROOT / script), "--model", str(args.model), *flags, "--json", str(run.path(".json",
+                                                                                                       ".result"))]
+    if not v.evaluate_only:
+        cmd += ["--out", str(run.path(".safetensors")), "--overwrite", "--eval-all"]
+    then = [sys.executable, str(ROOT / "evaluate.py"), "--ckpt", str(run.path(".safetensors")), *second,
+            *sweep_flags(extra, rename=EVAL_FLAGS), *data_dir, "--json", str(run.path(".json", ".then"))]
+    return key, cmd, then if second else None
+
+
+def find_finished(out, key, stem, paths, checkpoint=False):
+    """A finished valid run with this key anywhere under out (another experiment's, not itself a copy): (record path,
+    record), or None. Records that are not valid are passed over here (their own experiment's report names them).
+    checkpoint: only a run whose checkpoint is still beside its record."""
+    for path in sorted(out.glob(f"*/*/{stem}.json")):
+        rec, _ = read_record(path, paths)
+        if rec and RunKey.parse(rec.get("key")) == key and "same_as" not in rec and (
+                not checkpoint or path.with_suffix(".safetensors").exists()):
+            return path, rec
+    return None
+
+
+def shown(cmd):
+    """A command as a record shows it: the script's name, the model by its own name, never this machine's paths."""
+    out = [Path(cmd[1]).name, *cmd[2:]]
+    return [display_name(x) if i and out[i - 1] == "--model" else x for i, x in enumerate(out)]
+
+
+def run_child(cmd, log):
+    """Run cmd with its output to the file log, in a process group of its own (Ctrl-C at the terminal reaches only
+    us; we pass it on), and return its exit status. Interrupted (a signal, Ctrl-C), it stops the group first."""
+    proc = None
+    with open(log, "a") as f:
+        try:
+            proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True,
+                                    preexec_fn=die_with_parent())
+            return proc.wait()
+        except BaseException:
+            if proc:
+                stop_group(proc)
+            raise
+
+
+def die_with_parent():
+    """A preexec_fn: on Linux the child is sent SIGKILL when this process dies, however it dies (prctl
+    PR_SET_PDEATHSIG): a sweep killed with SIGKILL, which no handler sees, leaves no train.py running on; the same
+    command resumes it. None elsewhere. (The signal comes when the thread that started the child ends: run_child
+    waits in that thread.)"""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+    try:
+        prctl, parent = ctypes.CDLL(None, use_errno=True).prctl, os.getpid()  # looked up here, before the fork
+    except (OSError, AttributeError):
+        return None
+
+    def arm():
+        PR_SET_PDEATHSIG = 1
+        prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL))
+        if os.getppid() != parent:  # the sweep died before the line above took effect
+            os._exit(1)
+    return arm
+
+
+def stop_group(proc, grace=10):
+    """Stop a child and all it started: SIGINT to its group (train.py and evaluate.py leave nothing half-written),
+    then SIGKILL to what is left after `grace` seconds."""
+    try:
+        signal_group(proc, signal.SIGINT)
+        proc.wait(timeout=grace)
+    except (subprocess.TimeoutExpired, KeyboardInterrupt):  # a second signal while we wait: kill now
+        pass
+    finally:
+        signal_group(proc, signal.SIGKILL)  # its own children too, should any outlive it
+        proc.wait()
+
+
+def signal_group(proc, sig):
+    with contextlib.suppress(ProcessLookupError, PermissionError):  # the group is gone already
+        os.killpg(proc.pid, sig)
+
+
+def last_line(log):
+    """The line a failed run's log ends with (its error line, when it has one)."""
+    lines = [x.strip() for x in Path(log).read_text(errors="replace").splitlines() if x.strip()]
+    errors = [x for x in lines if x.startswith("error: ")]
+    return (errors or lines or ["(empty log)"])[-1]
+
+
+def read_result(path):
+    """The JSON a finished child wrote, or None; the file goes either way."""
+    try:
+        result = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        result = None
+    path.unlink(missing_ok=True)
+    return result if isinstance(result, dict) else None
+
+
+def execute(run, cmd, then, tag, trained=None):
+    """Run the run's command (or, when trained is another experiment's run that trained this very model: (record
+    path, record), only the second step, on its checkpoint) and its second step: their results, or None when one
+    failed (its line printed). A usage error (exit 2: every run would repeat it) stops the sweep with its line."""
+    log = run.path(".log")
+    if trained:
+        i = then.index("--ckpt") + 1
+        then = [*then[:i], str(trained[0].with_suffix(".safetensors")), *then[i + 1:]]
+        print(f"{tag} {run}: trained as {trained[0]}; on its checkpoint: {' '.join(shown(then))}", flush=True)
+    else:
+        print(f"{tag} {run}: {' '.join(shown(cmd))}", flush=True)
+    steps = ([] if trained else [(cmd, run.path(".json", ".result"))]) + ([(then, run.path(".json", ".then"))]
+                                                                         if then else [])
+    log.write_text("")
+    results = []
+    for c, part in steps:
+        with open(log, "a") as f:
+            f.write(" ".join(shown(c)) + "\n")
+        rc = run_child(c, log)
+        if rc == 2:
+            die(f"{last_line(log).removeprefix('error: ')} ({run}: {Path(c[1]).name} refused its input, as every "
+                f"run would; the sweep stops. Log: {log})")
+        results.append(read_result(part))
+        if rc != 0 or results[-1] is None:
+            why = f"exit {rc}" if rc else f"no valid result in {part.name}"
+            print(f"  {run}: failed ({why}): {last_line(log)} | log: {log}", flush=True)
+            return None
+    return results
+
+
+def record_of(run, key, cmd, then, results, seconds, trained=None):
+    """The record of a finished run: its identity, its commands as shown, the base weights' sha256, its scores."""
+    result = {"sts": trained[1].get("sts"), **(trained[1].get("train") or {})} if trained else results[0]
+    second = results[-1] if then else {}
+    return {
+        "experiment": run.exp, "variant": run.v.name, "seed": run.seed, "key": str(key), "command": shown(cmd),
+        "model_sha256": model_sha256(cmd[cmd.index("--model") + 1]),  # which weights the model's name meant
+        **({"then": shown(then)} if then else {}), "seconds": seconds, "sts": result.get("sts"),
+        **({"trained_as": trained[0].relative_to(run.folder.parents[1]).as_posix()} if trained else {}),  # in out
+        "transfer": second.get("transfer") or result.get("transfer"),
+        "train": None if run.v.evaluate_only else {k: result[k] for k in TRAIN_KEYS if k in result}}
+
+
+@functools.cache
+def model_sha256(model):
+    """The sha256 of the base model's weights, once per sweep (checkpoint.weights_sha256)."""
+    return weights_sha256(model)
+
+
+def headline(rec):
+    """A record's main figures, for the progress line."""
+    parts = [f"STS avg {x:.2f}" for x in [get(rec, "sts", "avg", "all")] if number(x)]
+    parts += [f"STS-B {x:.2f}" for x in [get(rec, "sts", "STSBenchmark", "all")] if number(x) and not parts]
+    parts += [f"transfer avg {x:.2f}" for x in [get(rec, "transfer", "avg")] if number(x)]
+    return ", ".join(parts) or "no scores"
+
+
+def transfer_text(data_dir, dest, n=17256, seed=0):
+    """A training file of n sentences drawn from MR, CR, SUBJ and MPQA (the SentEval transfer tasks' text)."""
+    if not dest.exists():
+        sents = [s for task in ("MR", "CR", "SUBJ", "MPQA") for s in data.load_transfer(task, data_dir)["all"][0] if s]
+        random.Random(seed).shuffle(sents)
+        write_text(dest, "\n".join(sents[:n]) + "\n")
+    return dest
+
+# -----------------------------------------------------------------------------
+# a sweep: every run once, shared with other sweeps of the same folder
+
+STATUS = {"done": "already finished", "ran": "run now", "copied": "copied", "others": "run by another process",
+          "failed": "failed", "held": "held by another process", "bad": "not run (a bad record)",
+          "badlock": "not run (a bad lock)"}
+
+
+def run_one(run, exp, args, extra, text, tag, t_sweep):
+    """Run one variant x seed unless it is finished, held or can be copied: (status, detail), status one of STATUS's
+    but 'others' (detail: the source, the log, the held lock and its owner, or the line naming a bad record or
+    lock)."""
+    record, out = run.path(".json"), Path(args.out)
+    if record.exists():
+        rec, why = read_record(record, needs(exp, run.v))
+        return ("done", None) if rec else ("bad", bad_record_line(record, why))  # the report names it
+    key, cmd, then = commands(run, args, extra, text)
+    run.folder.mkdir(parents=True, exist_ok=True)
+    lock = lock_of(record)
+    try:
+        with output_lock(record):
+            if record.exists():  # finished by another process between our look and our lock
+                return "done", None
+            same = None if exp.fresh else find_finished(out, key, run.stem, needs(exp, run.v))
+            if same:
+                write_json(record, {**same[1], "same_as": same[0].relative_to(out).as_posix()})
+                return "copied", same[0]
+            trained = None if exp.fresh or not then else find_finished(
+                out, key.trained(), run.stem, [("train", "wall_seconds")], checkpoint=True)
+            t0 = time.time()
+            results = execute(run, cmd, then, tag, trained)
+            if results is None:
+                return "failed", run.path(".log")
+            rec = record_of(run, key, cmd, then, results, time.time() - t0, trained)
+            write_json(record, rec)
+            print(f"  {run}: done in {(time.time() - t0) / 60:.1f} min | {headline(rec)} | sweep "
+                  f"{(time.time() - t_sweep) / 60:.1f} min", flush=True)
+            return "ran", run.path(".log")
+    except OutputLocked:
+        return "held", f"{lock} (pid {owner(lock)})"
+    except LoadError as e:  # the lock path is a folder, or a file we may not open
+        return "badlock", f"warning: {e}; if no sweep is running on {args.out}, remove {lock} and re-run"
+
+
+def lock_of(record):
+    return record.with_name(f".{record.name}.lock")  # checkpoint.output_lock's name for it
+
+
+def owner(lock):
+    """The pid a lock file names, as far as it can be read."""
+    try:
+        return lock.read_text(errors="replace").strip() or "?"
+    except OSError:
+        return "?"
+
+
+def wait_for(lock):
+    """Until the process that holds the flock on lock lets go of it (it finished, or died): a shared flock waits
+    for its exclusive one. Nothing to wait for when the file is gone."""
+    try:
+        fd = os.open(lock, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+    finally:
+        os.close(fd)
+
+
+def sweep(name, exp, args, extra, data_dir):
+    """Every run of the experiment once: ours, then (unless --no-wait) those other sweeps held, then the report
+    and one summary line. Returns the exit status: 1 when a run failed or could not be run, else 0."""
+    t0, runs, out = time.time(), plan(name, exp, args.seeds, args.out, args.variants), Path(args.out)
+    uses_text = any(TRANSFER_TEXT in r.v.flags for r in runs)  # the rows this sweep runs (--variants)
+    text = transfer_text(data_dir, out / "transfer-text.txt") if uses_text else None
+    tally, held = {s: [] for s in STATUS}, []
+    for i, run in enumerate(runs, 1):
+        tag = f"[{i}/{len(runs)} | {(time.time() - t0) / 60:.1f} min]"
+        status, detail = run_one(run, exp, args, extra, text, tag, t0)
+        if status == "held" and not args.no_wait:
+            held.append((tag, run, detail))
+        else:
+            tally[status].append(detail)
+        said = {"done": "finished earlier", "copied": f"copied from {detail}", "held": f"held by {detail}"}
+        if status in said:
+            print(f"{tag} {run}: {said[status]}", flush=True)
+        elif status == "badlock":
+            print(detail, file=sys.stderr, flush=True)
+    for tag, run, detail in held:  # each waited for on its lock; a run whose owner died without a record runs here
+        print(f"waiting for {run}, held by {detail}", flush=True)
+        status = "held"
+        while status == "held":
+            wait_for(lock_of(run.path(".json")))
+            status, detail = run_one(run, exp, args, extra, text, tag, t0)
+        tally["others" if status == "done" else status].append(detail)
+        if status == "done":
+            print(f"{tag} {run}: finished by another process", flush=True)
+        elif status == "badlock":
+            print(detail, file=sys.stderr, flush=True)
+    if not report(name, exp, out):
+        print(f"no finished runs of {name} to report yet", flush=True)
+    counts = [f"{len(d)} {STATUS[s]}" + (f" ({'; '.join(map(str, d))})" if s in ("held", "failed") else "")
+              for s, d in tally.items() if d]
+    print(f"{name}: {len(runs)} runs: {', '.join(counts)}", flush=True)
+    return 1 if any(tally[s] for s in ("failed", "held", "bad", "badlock")) else 0
+
+# -----------------------------------------------------------------------------
+# signals: a stopped sweep stops its run in flight and releases its locks
+
+
+class Stop(KeyboardInterrupt):
+    """SIGINT, SIGTERM or SIGHUP during a sweep (a KeyboardInterrupt, so that no `except Exception` swallows it)."""
+
+    def __init__(self, signum):
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def stop_on_signals():
+    """While the sweep runs, SIGINT, SIGTERM and SIGHUP raise Stop: the run in flight is stopped with its process
+    group (run_child) and the locks are released on the way out. A signal ignored when we started stays ignored
+    (`nohup python experiments.py ...` keeps running when its terminal closes)."""
+    if threading.current_thread() is not threading.main_thread():  # signals reach only the main thread
+        yield
+        return
+
+    def stop(signum, frame):
+        raise Stop(signum)
+    old = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+           if signal.getsignal(s) != signal.SIG_IGN}
+    try:
+        yield
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
