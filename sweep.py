@@ -258,12 +258,10 @@ def read_result(path):
 
 def execute(run, cmd, then, tag, trained=None):
     """Run the run's command (or, when trained is another experiment's run that trained this very model: (record
-    path, record), only the second step, on its checkpoint) and its second step: their results, or None when one
-    failed (its line printed). A usage error (exit 2: every run would repeat it) stops the sweep with its line."""
+    path, record), only the second step, already on that run's checkpoint) and its second step: their results, or
+    None when one failed (its line printed). A usage error (exit 2: every run would repeat it) stops the sweep."""
     log = run.path(".log")
     if trained:
-        i = then.index("--ckpt") + 1
-        then = [*then[:i], str(trained[0].with_suffix(".safetensors")), *then[i + 1:]]
         print(f"{tag} {run}: trained as {trained[0]}; on its checkpoint: {' '.join(shown(then))}", flush=True)
     else:
         print(f"{tag} {run}: {' '.join(shown(cmd))}", flush=True)
@@ -274,6 +272,7 @@ def execute(run, cmd, then, tag, trained=None):
     for c, part in steps:
         with open(log, "a") as f:
             f.write(" ".join(shown(c)) + "\n")
+        part.unlink(missing_ok=True)  # what a killed sweep's child left never passes for this child's result
         rc = run_child(c, log)
         if rc == 2:
             die(f"{last_line(log).removeprefix('error: ')} ({run}: {Path(c[1]).name} refused its input, as every "
@@ -350,6 +349,9 @@ def run_one(run, exp, args, extra, text, tag, t_sweep):
                 return "copied", same[0]
             trained = None if exp.fresh or not then else find_finished(
                 out, key.trained(), run.stem, [("train", "wall_seconds")], checkpoint=True)
+            if trained:  # the second step reads that run's checkpoint
+                i = then.index("--ckpt") + 1
+                then = [*then[:i], str(trained[0].with_suffix(".safetensors")), *then[i + 1:]]
             t0 = time.time()
             results = execute(run, cmd, then, tag, trained)
             if results is None:

@@ -545,6 +545,7 @@ def test_a_model_trained_elsewhere_only_takes_its_own_second_step(fake, capsys):
     one, t1 = (json.loads((fake.out / f"{e}/sg-opt/seed-1.json").read_text()) for e in ("table4", "table1"))
     assert one["trained_as"] == "table1/sg-opt/seed-1.json" and one["train"] == t1["train"] and one["sts"] == t1["sts"]
     assert one["transfer"]["MR"]["acc"] == 81.0 and one["key"] != t1["key"] and "then" not in json.loads(t1["key"])[1]
+    assert one["then"][:3] == ["evaluate.py", "--ckpt", ckpts[0]]  # the record names the checkpoint it evaluated
     experiments.main(["leaderboard", *fake.argv, "--seeds", "1"])  # table4's mean and wk are the leaderboard's
     lb = fake.out / "leaderboard"
     assert [json.loads((lb / f"{v}/eval.json").read_text()).get("same_as") for v in ("mean", "wk")] == [
