@@ -332,7 +332,7 @@ def run_one(run, exp, args, extra, text, tag, t_sweep):
     """Run one variant x seed unless it is finished, held or can be copied: (status, detail), status one of STATUS's
     but 'others' (detail: the source, the log, the held lock and its owner, or the line naming a bad record or
     lock)."""
-    record, out = run.path(".json"), Path(args.out)
+    record = run.path(".json")
     if record.exists():
         rec, why = read_record(record, needs(exp, run.v))
         return ("done", None) if rec else ("bad", bad_record_line(record, why))  # the report names it
@@ -343,28 +343,35 @@ def run_one(run, exp, args, extra, text, tag, t_sweep):
         with output_lock(record):
             if record.exists():  # finished by another process between our look and our lock
                 return "done", None
-            same = None if exp.fresh else find_finished(out, key, run.stem, needs(exp, run.v))
-            if same:
-                write_json(record, {**same[1], "same_as": same[0].relative_to(out).as_posix()})
-                return "copied", same[0]
-            trained = None if exp.fresh or not then else find_finished(
-                out, key.trained(), run.stem, [("train", "wall_seconds")], checkpoint=True)
-            if trained:  # the second step reads that run's checkpoint
-                i = then.index("--ckpt") + 1
-                then = [*then[:i], str(trained[0].with_suffix(".safetensors")), *then[i + 1:]]
-            t0 = time.time()
-            results = execute(run, cmd, then, tag, trained)
-            if results is None:
-                return "failed", run.path(".log")
-            rec = record_of(run, key, cmd, then, results, time.time() - t0, trained)
-            write_json(record, rec)
-            print(f"  {run}: done in {(time.time() - t0) / 60:.1f} min | {headline(rec)} | sweep "
-                  f"{(time.time() - t_sweep) / 60:.1f} min", flush=True)
-            return "ran", run.path(".log")
+            return copy_or_run(run, exp, Path(args.out), key, cmd, then, tag, t_sweep)
     except OutputLocked:
         return "held", f"{lock} (pid {owner(lock)})"
     except LoadError as e:  # the lock path is a folder, or a file we may not open
         return "badlock", f"warning: {e}; if no sweep is running on {args.out}, remove {lock} and re-run"
+
+
+def copy_or_run(run, exp, out, key, cmd, then, tag, t_sweep):
+    """With the run's lock held: copy the record of a finished run of another experiment with the same key, else
+    run it (only its second step when another experiment's run trained this very model) and write its record."""
+    record = run.path(".json")
+    same = None if exp.fresh else find_finished(out, key, run.stem, needs(exp, run.v))
+    if same:
+        write_json(record, {**same[1], "same_as": same[0].relative_to(out).as_posix()})
+        return "copied", same[0]
+    trained = None if exp.fresh or not then else find_finished(
+        out, key.trained(), run.stem, [("train", "wall_seconds")], checkpoint=True)
+    if trained:  # the second step reads that run's checkpoint
+        i = then.index("--ckpt") + 1
+        then = [*then[:i], str(trained[0].with_suffix(".safetensors")), *then[i + 1:]]
+    t0 = time.time()
+    results = execute(run, cmd, then, tag, trained)
+    if results is None:
+        return "failed", run.path(".log")
+    rec = record_of(run, key, cmd, then, results, time.time() - t0, trained)
+    write_json(record, rec)
+    print(f"  {run}: done in {(time.time() - t0) / 60:.1f} min | {headline(rec)} | sweep "
+          f"{(time.time() - t_sweep) / 60:.1f} min", flush=True)
+    return "ran", run.path(".log")
 
 
 def lock_of(record):
