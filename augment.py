@@ -18,10 +18,10 @@ BertModel._replace_position_ids and _cutoff_embeddings):
 nothing attends to or pools, so the result is the same). Every draw depends only on the sentence's own length n and
 the generator, one sentence after the other: the same sentence gets the same treatment whatever the batch's padded
 length. ConSERT's adversarial augmentation needs NLI labels (it is only used supervised) and is left out.
+
+torch is imported where it is used: the command line checks --aug1 / --aug2 with parse() before torch loads.
 """
 from dataclasses import dataclass
-
-import torch
 
 KINDS = ("none", "shuffle", "token-cutoff", "feature-cutoff", "dropout")
 
@@ -35,6 +35,7 @@ class Augmentation:
         """(b, T) position ids, or None for BERT's own 0..T-1."""
         if self.kind != "shuffle":
             return None
+        import torch
         b, T = mask.shape
         pos = torch.arange(T).repeat(b, 1)  # (b, T); pads keep their positions n..T-1
         for i, n in enumerate(mask.sum(1).tolist()):
@@ -46,6 +47,7 @@ class Augmentation:
         (drawn when the function is applied), so gradients flow through the kept entries."""
         if self.kind in ("none", "shuffle"):
             return None
+        import torch
         lengths = mask.sum(1).tolist()
 
         def apply(x):

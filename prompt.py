@@ -17,11 +17,11 @@ batcher), which we follow where the paper says nothing:
 - Denoising: the template alone, with the tokens after [X] at the positions they have after a sentence of n tokens;
   one forward per distinct n in the batch, with gradient. The code computes n = 0..49 at every step: the same vectors.
 
+torch is imported where it is used: the command line checks a template with split() before torch loads.
+
 Legend: B = sentences, T = tokens of the longest input, T0 = tokens of the template alone, D = distinct lengths.
 """
 from types import SimpleNamespace
-
-import torch
 
 import checkpoint
 
@@ -96,18 +96,21 @@ class Template:
 
     def mask_positions(self, attention_mask):
         """(B,) where each input's [MASK] is, in a right-padded batch (B, T) of this template's inputs."""
+        import torch
         n = attention_mask.sum(1)
         return torch.full_like(n, self.mask_at) if self.mask_at >= 0 else n + self.mask_at
 
     def vector(self, hidden_states, attention_mask, layer=-1):
         """The [MASK] token's hidden state in hidden_states[layer] (B, T, H) -> (B, H): PromptBERT's sentence vector,
         as a pooling function of bert.encode."""
+        import torch
         x = hidden_states[layer]
         return x[torch.arange(len(x), device=x.device), self.mask_positions(attention_mask)]
 
     def alone(self, lengths):
         """The template without a sentence, once per sentence length n in lengths (D,): ids and position ids (D, T0),
         the tokens after [X] at the positions they have after n sentence tokens (the paper's Sec. 4.3)."""
+        import torch
         T0, P = len(self), len(self.prefix)
         ids = torch.tensor([self.prefix + self.suffix], device=lengths.device).repeat(len(lengths), 1)
         j = torch.arange(T0, device=lengths.device)
@@ -117,6 +120,7 @@ class Template:
         """PromptBERT's training vector (B, H): each sentence's [MASK] vector less that of the template alone at the
         sentence's length. One batched forward of the template per distinct length, with gradient (the code's
         default), in the model's train or eval mode as it is."""
+        import torch
         h = self.vector(model(ids, attention_mask), attention_mask)
         lengths, which = torch.unique(attention_mask.sum(1) - len(self), return_inverse=True)  # (D,), (B,)
         ids0, pos0 = self.alone(lengths)

@@ -24,39 +24,99 @@ Several processes (`torchrun --nproc_per_node N train.py ...`, one per GPU, or g
 the views of the whole global batch (gather()), so N processes run the same experiment as one. Rank 0 evaluates,
 logs and writes the checkpoint.
 """
-import os
-import signal
-import sys
-
-if __name__ == "__main__":  # Ctrl-C while torch loads: one line and exit code 130, not a traceback from an import
-    signal.signal(signal.SIGINT, lambda *_: (print("train.py: interrupted", file=sys.stderr), os._exit(130)))
-
 import argparse
 import contextlib
 import copy
 import itertools
 import math
+import os
+import sys
 import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import cli
+import methods  # no torch: the command line is parsed before torch loads
+from cli import at_least, die, git_sha, seed_value
+
+# -----------------------------------------------------------------------------
+# the command line, parsed before the heavy imports (--help answers without torch)
+
+
+def get_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[1].strip(),
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="example: python train.py --model bert-base-uncased --loss opt --out sg.safetensors")
+    p.error = die  # a bad flag is one line too (argparse would print the whole usage first)
+    methods.add_method_flags(p.add_argument)
+    add_run_flags(p.add_argument)
+    args = p.parse_args(argv)
+    args.given = given_flags(p, argv)
+    return args
+
+
+def used_flags(cfg):
+    """The resolved config less the flags that mean nothing for its method (methods.py: its `ignores`, and another
+    method's own settings): what the run's config line shows. The checkpoint's metadata keeps them all."""
+    return {k: v for k, v in vars(cfg).items() if methods.takes(cfg.loss, k)}
+
+
+def given_flags(parser, argv):
+    """The flags the user wrote (abbreviations too), whatever their values: the parser again with no defaults."""
+    bare = copy.deepcopy(parser)
+    for action in bare._actions:
+        action.default = argparse.SUPPRESS
+    return sorted(vars(bare.parse_args(argv)))
+
+
+def add_run_flags(a):
+    """Data, schedule, output, device."""
+    a("--data", default="stsb", help="'stsb' (all 17,256 STS-B sentences, as the official code; default), a text file "
+      "(one sentence per line), or a .tsv of pairs 'sentence<TAB>paraphrase': the paraphrase makes side 2 (BERT_F's "
+      "views for the SG family, the second view for ConSERT / SimCSE)")
+    a("--data-dir", default=None, help="data folder with senteval/ and stsbenchmark.tsv.gz (default $SG_DATA, else ./data)")
+    a("--epochs", type=at_least(1), default=1, help="passes over the training sentences (default: %(default)s)")
+    a("--max-steps", type=at_least(0), default=0, help="stop after this many steps (default 0: run the epochs)")
+    a("--eval-every", type=at_least(1), default=50, help="STS-B dev evaluation every N steps (and at step 0 and the "
+      "last step; default: %(default)s)")
+    a("--patience", type=at_least(0), default=10, help="early stop after N counted evaluations (0: never; default: "
+      "%(default)s); see --early-stop")
+    a("--early-stop", default="code", choices=["code", "best"],
+      help="code (default): count evaluations whose dev score fell below the previous evaluation's, over the whole "
+           "run (the official code); best: count evaluations since the last new best")
+    a("--out", default="sg.safetensors", help="where the best checkpoint is written (default: %(default)s)")
+    a("--overwrite", action="store_true", help="allow an existing --out; it is replaced only once this run has a "
+      "checkpoint to put in its place")
+    a("--json", default=None, help="write the final results to this JSON file")
+    a("--eval-all", action="store_true", help="at the end, evaluate the best checkpoint on all 7 STS tasks")
+    a("--eval-only", action="store_true", help="sanity check: evaluate the base model on STS-B dev/test (and all 7 "
+      "tasks with --eval-all) and exit, reproducing the paper's untrained [CLS] baseline")
+    a("--seed", type=seed_value, default=1, help="seed for the head init, the shuffle, layer sampling and dropout "
+      "(default: %(default)s)")
+    a("--device", default="auto", choices=["auto", "cpu", "cuda"], help="auto (default): cuda when available")
+    a("--precision", choices=["fp32", "bf16"], help="bf16: autocast of the encoders and the head (the similarity, "
+      "softmax, loss and regulariser stay fp32); default bf16 on CUDA, fp32 on CPU. The official code ran fp32")
+    a("--log-every", type=at_least(1), default=10, help="one log line every N steps (default: %(default)s)")
+    a("--overfit-batch", action="store_true", help="sanity check: train on the first batch over and over (loss must fall)")
+    a("--eval-batch-size", type=at_least(1), default=128, help="batch size of the dev-set encoding (default: %(default)s)")
+
+
+
+if __name__ == "__main__":
+    cli.exit_on_ctrl_c("train.py")  # Ctrl-C while torch loads: one line and exit code 130, not a traceback
+    get_args()  # exits here on --help or a bad flag; main() parses again, after the imports below
 
 import torch
 import torch.distributed as dist
 import torch.distributed.nn.functional as dist_nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-import augment
 import bert
 import checkpoint
 import data
 import evaluate
-import methods
 import posthoc
-import prompt
-import sg_loss
-from checkpoint import die
-from cli import at_least, git_sha, seed_value
 
 # -----------------------------------------------------------------------------
 # one training step
@@ -66,7 +126,7 @@ from cli import at_least, git_sha, seed_value
 class Run:
     """What a training run holds, built once by build_run(): everything the step and the loop read."""
     cfg: argparse.Namespace  # the resolved config: every flag, the method's recipe applied (saved as 'args')
-    method: methods.Method
+    method: methods.Method  # this run's: its sides, head, loss and regulariser, and their state (methods.build)
     bert_F: torch.nn.Module  # the frozen copy: the views h_ik, and the base weights of the regulariser
     bert_T: torch.nn.Module  # the copy being trained; a DDP wrapper of it on several processes (raw() unwraps)
     head: torch.nn.Module  # f (DDP-wrapped on several processes when it has weights)
@@ -82,10 +142,6 @@ class Run:
     rank: int = 0
     world: int = 1
     gen: torch.Generator = None  # the shuffle and the layer sampling: the same draws on every process
-    aug_gen: torch.Generator = None  # the augmentations of this process's sentences
-    aug1: augment.Augmentation = augment.Augmentation()  # of side 1's input (ConSERT)
-    aug2: augment.Augmentation = augment.Augmentation()  # of side 2's input
-    templates: tuple = ()  # PromptBERT: side 1's and side 2's prompt.Template, the sentences' input
     meta: dict = field(default_factory=dict)  # checkpoint metadata (checkpoint.META)
 
     def autocast(self):
@@ -97,51 +153,13 @@ def raw(m):
     return m.module if isinstance(m, DDP) else m
 
 
-def layer_views(bert_F, ids, mask, layers, pooling="mean"):
-    """The views h_ik: BERT_F's hidden states `layers`, each pooled over all real tokens ([CLS]/[SEP] included)
-    -> (b, L, H)."""
-    hs = bert_F(ids, mask)
-    pool = bert.masked_mean if pooling == "mean" else lambda x, m: bert.pool([x], m, "max")
-    return torch.stack([pool(hs[k], mask) for k in layers], 1)
-
-
-def project(head, c, h):
-    """One pass of the shared head f over c (b, H) and h (b, L, H) -> f(c) (b, p) and f(h) (b, L, p), in fp32."""
-    b, L, H = h.shape
-    z = head(torch.cat([c, h.reshape(b * L, H)]))
-    return z[:b].float(), z[b:].float().view(b, L, -1)
-
-
-def sides(run, x1, x2):
-    """The two sides of the contrast through the head, in fp32: z1 (b, p) and z2 ((b, L, p) for BERT_F's views,
-    else (b, p)). x1, x2: (ids, mask) of side 1's and side 2's sentences."""
-    cfg, aug1, aug2 = run.cfg, run.aug1, run.aug2
-
-    def encode(model, ids, mask, aug):
-        return model(ids, mask, position_ids=aug.position_ids(mask, run.aug_gen),
-                     embedding_fn=aug.embedding_fn(mask, run.aug_gen))
-
-    def vector(x, aug, side):  # BERT_T's sentence vector c of one side
-        if run.templates:  # PromptBERT: the [MASK] vector less the template's own at the sentence's length
-            return run.templates[side].denoised(run.bert_T, *x)
-        return bert.pool(encode(run.bert_T, *x, aug), x[1], cfg.pooling)
-
-    if run.method.side2 == "BERT_F":  # views h_ik: every selected hidden state of BERT_F, pooled over all tokens
-        with torch.no_grad(), run.autocast():
-            h = layer_views(lambda i, m: encode(run.bert_F, i, m, aug2), *x2, run.layers, cfg.view_pooling)  # (b, L, H)
-    with run.autocast():
-        c = vector(x1, aug1, 0)  # sentence vectors c_i (b, H)
-        if run.method.side2 == "BERT_F":
-            return project(run.head, c, h)  # one shared head f maps c and h
-        c2 = vector(x2, aug2, 1)  # other augmentation (or template), other dropout mask
-        z = run.head(torch.cat([c, c2]))
-        return z[:len(c)].float(), z[len(c):].float()
-
-
 def train_step(run, step, x1, x2):
-    """One optimisation step, the same for every method. Returns the loss, lam * L^reg, the gradient norm and the
-    lr, as tensors (no device synchronisation: the loop reads them at log time)."""
-    z1, z2 = sides(run, x1, x2)
+    """One optimisation step, the same for every method (methods.py): its two sides through its head, its loss,
+    backward, its regulariser, clip, AdamW at the lr of get_lr(step). x1, x2: (ids, mask) of side 1's and side 2's
+    sentences. Returns the loss, lam * L^reg, the gradient norm and the lr, as tensors (no device synchronisation:
+    the loop reads them at log time)."""
+    method = run.method
+    z1, z2 = method.sides(run, x1, x2)  # e.g. SG-OPT: f(c_i) (b, p) and f(h_ik) (b, L, p), fp32
     rows = None  # one process: every sentence is an anchor
     if run.world > 1:
         # Anchors are this process's rows, negatives the whole global batch: z1 and z2 of every process, gathered
@@ -152,17 +170,11 @@ def train_step(run, step, x1, x2):
         z1, z2 = gather(z1), gather(z2)
         share = len(z1) // run.world
         rows = slice(run.rank * share, (run.rank + 1) * share)
-    if run.method.one_view:  # one view per sentence, its layer sampled uniformly (the same draws on every process)
-        k = torch.randint(z2.shape[1], (z2.shape[0],), generator=run.gen).to(run.device)
-        z2 = z2[torch.arange(z2.shape[0], device=run.device), k]
-    loss = run.method.loss(z1, z2, run.cfg.tau, rows=rows)  # the mean over this process's anchors
+    loss = method.loss(z1, z2, run.cfg.tau, rows=rows)  # the mean over this process's anchors
     run.optimizer.zero_grad(set_to_none=True)
     loss.backward()
-    reg = torch.zeros(())
-    if run.method.side2 == "BERT_F":  # after DDP's all-reduce of the loss gradient: added once, on every process
-        # L^reg = lam * ||BERT_T - BERT_F||^2 enters as its gradient 2 lam (theta_T - theta_F): same update as
-        # backpropagating it, without an autograd graph over every weight (tests/test_sg_loss.py proves it)
-        reg = sg_loss.add_weight_distance_grad_(raw(run.bert_T), run.bert_F, run.cfg.lam)
+    # SG family: the gradient of lam * ||BERT_T - BERT_F||^2, added once DDP has all-reduced the loss's (else 0)
+    reg = method.regulariser(raw(run.bert_T), run.bert_F, run.cfg.lam)
     lr = get_lr(step, run.total, run.cfg.lr)
     for g in run.optimizer.param_groups:
         g["lr"] = lr
@@ -212,10 +224,17 @@ def batches(run):
                 yield ([e[0] for e in ex], [e[1] for e in ex]) if isinstance(ex[0], tuple) else (ex, None)
 
 
-def tensors(run, sentences, side=0):
-    """(ids, mask) of one side's sentences: inside that side's template for PromptBERT, else as they are."""
-    tok = run.templates[side] if run.templates else run.tokenizer
-    return bert.batch_tensors(tok.encode_batch(sentences), raw(run.bert_T).config.pad_token_id, run.device)
+def inputs(run, s1, s2):
+    """(ids, mask) of side 1's and side 2's sentences, each side read by its own tokenizer (the method's: PromptBERT's
+    are its templates). Side 2 reads the paraphrases of --data's pairs, else side 1's sentences again: the same
+    tensors when both sides read alike."""
+    t1, t2 = run.method.tokenizers
+    x1 = tensors(run, t1, s1)
+    return x1, (x1 if s2 is None and t2 is t1 else tensors(run, t2, s1 if s2 is None else s2))
+
+
+def tensors(run, tokenizer, sentences):
+    return bert.batch_tensors(tokenizer.encode_batch(sentences), raw(run.bert_T).config.pad_token_id, run.device)
 
 
 def train_loop(run, keeper):
@@ -229,11 +248,7 @@ def train_loop(run, keeper):
         evaluation(run, keeper, stats, 0)
         t_mark, mark = time.perf_counter(), 0  # the training time since the last log line or evaluation
         while step < run.total and not stop:
-            s1, s2 = next(data_iter)
-            x1 = tensors(run, s1)
-            # side 2: the paraphrases; PromptBERT: the same sentences in its second template; else side 1's tensors
-            x2 = tensors(run, s1 if s2 is None else s2, side=1) if s2 is not None or run.templates else x1
-            loss, reg, norm, lr = train_step(run, step, x1, x2)
+            loss, reg, norm, lr = train_step(run, step, *inputs(run, *next(data_iter)))
             step = stats["step"] = step + 1
             if step % cfg.log_every == 0 or step in (1, run.total):
                 loss_v = global_mean(run, loss).item()  # note: the one CPU-GPU sync point of the step, at log time
@@ -500,16 +515,14 @@ def setup(cfg, device, rank=0, world=1):
 
 def build_run(cfg, bert_F, tokenizer, examples, data_dir, device, rank=0, world=1):
     """BERT_F (frozen), BERT_T (a trained copy), the head f, the optimizer; DDP wrappers on several processes."""
-    method, H = methods.METHODS[cfg.loss], bert_F.config.hidden_size
+    method, H = methods.build(cfg, tokenizer, bert_F.config.max_position_embeddings, rank), bert_F.config.hidden_size
     layers = view_layers(cfg.layers, bert_F.config.num_hidden_layers + 1)
     torch.manual_seed(cfg.seed)
     # BERT_F: frozen, never in the autograd graph; BERT_T: a copy whose embedding block is frozen
     bert_F = bert_F.to(device).train(cfg.teacher_dropout == "on").requires_grad_(False)
     bert_T = copy.deepcopy(bert_F).train(cfg.dropout == "on").requires_grad_(True)
     bert_T.embeddings.requires_grad_(False)
-    head = {"proj": lambda: sg_loss.ProjectionHead(H, cfg.proj_size), "none": torch.nn.Identity,
-            "mlp": lambda: mlp_head(H)}[
-        "none" if cfg.no_proj else method.head]().to(device)
+    head = method.head(H, cfg).to(device)
     torch.manual_seed(cfg.seed + rank)  # dropout: each process its own masks (rank 0 = one process's stream)
     # eps: transformers.AdamW's default; fused: one kernel over all parameters (about 5x faster than the loop on CPU)
     optimizer = torch.optim.AdamW(param_groups([bert_T, head], cfg.weight_decay), lr=cfg.lr, betas=(0.9, 0.9),
@@ -518,39 +531,21 @@ def build_run(cfg, bert_F, tokenizer, examples, data_dir, device, rank=0, world=
         ids = [device.index] if device.type == "cuda" else None
         bert_T = DDP(bert_T, device_ids=ids)
         head = DDP(head, device_ids=ids) if any(p.requires_grad for p in head.parameters()) else head
-    templates = []
-    if method.pooling == "prompt":  # PromptBERT: each side's sentences inside its own template
-        for flag, text in (("--template", cfg.template), ("--template2", cfg.template2)):
-            try:
-                templates.append(prompt.Template(text, tokenizer, bert_F.config.max_position_embeddings))
-            except checkpoint.LoadError as e:
-                die(f"{flag} {e}")
     last = len(examples) % cfg.batch_size
     n_batches = len(examples) // cfg.batch_size + (last - last % world >= max(2, world))  # see batches()
     total = cfg.max_steps or cfg.epochs * n_batches
     print(f"{len(examples)} {'pairs' if isinstance(examples[0], tuple) else 'sentences'} | {total} steps of "
-          f"{cfg.batch_size} | loss {cfg.loss} tau {cfg.tau} | side 2: {method.side2}"
-          + (f" views of hidden states {layers[0]}..{layers[-1]} ({len(layers)}), lam {cfg.lam}" if method.side2 == "BERT_F"
-             else f" | templates {cfg.template!r} and {cfg.template2!r}, denoised" if templates
-             else f" | aug1 {cfg.aug1} aug2 {cfg.aug2}"))
+          f"{cfg.batch_size} | {cfg.loss}: {method.sides.__name__} -> {method.head.__name__} -> {method.loss.__name__}"
+          f" (tau {cfg.tau})" + (f" | BERT_F's views: hidden states {layers[0]}..{layers[-1]} ({len(layers)})"
+                                 if methods.takes(cfg.loss, "layers") else ""))
     return Run(cfg=cfg, method=method, bert_F=bert_F, bert_T=bert_T, head=head, optimizer=optimizer,
                trainable=[p for g in optimizer.param_groups for p in g["params"]], layers=layers, total=total,
                tokenizer=tokenizer, eval_tokenizer=evaluate.eval_tokenizer(tokenizer, bert_F.config),
                examples=examples, data_dir=data_dir, device=device, rank=rank, world=world,
-               gen=torch.Generator().manual_seed(cfg.seed), aug_gen=torch.Generator().manual_seed(cfg.seed + rank),
-               aug1=augment.parse(cfg.aug1), aug2=augment.parse(cfg.aug2), templates=tuple(templates),
+               gen=torch.Generator().manual_seed(cfg.seed),
                meta={"tokenizer": tokenizer.to_str(), **base_meta(cfg.model), "args": vars(cfg),
                      "git": git_sha(), "pooling": cfg.eval_pooling, "method": cfg.loss,
-                     **({"template": cfg.template} if templates else {})})
-
-
-def mlp_head(H):
-    """SimCSE's MLPLayer (PromptBERT's too): Linear H -> H, then Tanh. Initialised as both codes do it (cl_init calls
-    transformers' init_weights: weight N(0, 0.02), BERT's initializer_range; bias 0), not with torch's default."""
-    linear = torch.nn.Linear(H, H)
-    torch.nn.init.normal_(linear.weight, std=0.02)
-    torch.nn.init.zeros_(linear.bias)
-    return torch.nn.Sequential(linear, torch.nn.Tanh())
+                     **({"template": cfg.template} if methods.takes(cfg.loss, "template") else {})})
 
 
 def view_layers(spec, n_hidden):
@@ -580,7 +575,7 @@ def base_meta(model):
 def init_distributed(cfg):
     """-> (rank, world size, device). Under torchrun (WORLD_SIZE, RANK and LOCAL_RANK set): one process per device,
     NCCL on CUDA, gloo on CPU; only rank 0 prints. Otherwise one process: (0, 1, the --device)."""
-    cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
+    cuda = cli.device(cfg.device) == "cuda"
     world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
     if world == 1:
         return 0, 1, torch.device("cuda" if cuda else "cpu")
@@ -607,13 +602,14 @@ def main(argv=None):
     rank, world, device = init_distributed(cfg)
     print(f"sgbert {git_sha()} | device {device}" + (f" x {world} processes" if world > 1 else "") + " | "
           + " ".join(f"{k}={v}" for k, v in used_flags(cfg).items()))
-    if methods.METHODS[cfg.loss].side2 == "none" and not cfg.eval_only:
+    if methods.METHODS[cfg.loss].sides is None and not cfg.eval_only:  # whitening, flow: no contrast
         if world > 1:
             die(f"--loss {cfg.loss} is fitted in one process: run it with python, not torchrun")
         return fit_posthoc(cfg, device)
-    run = setup(cfg, device, rank, world)
     if cfg.eval_only:
-        return final_report(cfg, run.bert_F, run.tokenizer, run.data_dir, None, device)
+        model, tokenizer, _, data_dir = load_inputs(cfg)
+        return final_report(cfg, model.to(device), tokenizer, data_dir, None, device)
+    run = setup(cfg, device, rank, world)
     with contextlib.ExitStack() as held:
         keeper = None
         if rank == 0:  # only rank 0 writes --out
@@ -641,68 +637,6 @@ def main(argv=None):
         sys.exit(code)
     return result
 
-# -----------------------------------------------------------------------------
-# the command line
-
-
-def get_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[1].strip(),
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog="example: python train.py --model bert-base-uncased --loss opt --out sg.safetensors")
-    p.error = die  # a bad flag is one line too (argparse would print the whole usage first)
-    methods.add_method_flags(p.add_argument)
-    add_run_flags(p.add_argument)
-    args = p.parse_args(argv)
-    args.given = given_flags(p, argv)
-    return args
-
-
-def used_flags(cfg):
-    """The resolved config less the flags that mean nothing for its method (methods.py: its `ignores`, and another
-    method's own settings): what the run's config line shows. The checkpoint's metadata keeps them all."""
-    return {k: v for k, v in vars(cfg).items() if methods.takes(cfg.loss, k)}
-
-
-def given_flags(parser, argv):
-    """The flags the user wrote (abbreviations too), whatever their values: the parser again with no defaults."""
-    bare = copy.deepcopy(parser)
-    for action in bare._actions:
-        action.default = argparse.SUPPRESS
-    return sorted(vars(bare.parse_args(argv)))
-
-
-def add_run_flags(a):
-    """Data, schedule, output, device."""
-    a("--data", default="stsb", help="'stsb' (all 17,256 STS-B sentences, as the official code; default), a text file "
-      "(one sentence per line), or a .tsv of pairs 'sentence<TAB>paraphrase': the paraphrase makes side 2 (BERT_F's "
-      "views for the SG family, the second view for ConSERT / SimCSE)")
-    a("--data-dir", default=None, help="data folder with senteval/ and stsbenchmark.tsv.gz (default $SG_DATA, else ./data)")
-    a("--epochs", type=at_least(1), default=1, help="passes over the training sentences (default: %(default)s)")
-    a("--max-steps", type=at_least(0), default=0, help="stop after this many steps (default 0: run the epochs)")
-    a("--eval-every", type=at_least(1), default=50, help="STS-B dev evaluation every N steps (and at step 0 and the "
-      "last step; default: %(default)s)")
-    a("--patience", type=at_least(0), default=10, help="early stop after N counted evaluations (0: never; default: "
-      "%(default)s); see --early-stop")
-    a("--early-stop", default="code", choices=["code", "best"],
-      help="code (default): count evaluations whose dev score fell below the previous evaluation's, over the whole "
-           "run (the official code); best: count evaluations since the last new best")
-    a("--out", default="sg.safetensors", help="where the best checkpoint is written (default: %(default)s)")
-    a("--overwrite", action="store_true", help="allow an existing --out; it is replaced only once this run has a "
-      "checkpoint to put in its place")
-    a("--json", default=None, help="write the final results to this JSON file")
-    a("--eval-all", action="store_true", help="at the end, evaluate the best checkpoint on all 7 STS tasks")
-    a("--eval-only", action="store_true", help="sanity check: evaluate the base model on STS-B dev/test (and all 7 "
-      "tasks with --eval-all) and exit, reproducing the paper's untrained [CLS] baseline")
-    a("--seed", type=seed_value, default=1, help="seed for the head init, the shuffle, layer sampling and dropout "
-      "(default: %(default)s)")
-    a("--device", default="auto", choices=["auto", "cpu", "cuda"], help="auto (default): cuda when available")
-    a("--precision", choices=["fp32", "bf16"], help="bf16: autocast of the encoders and the head (the similarity, "
-      "softmax, loss and regulariser stay fp32); default bf16 on CUDA, fp32 on CPU. The official code ran fp32")
-    a("--log-every", type=at_least(1), default=10, help="one log line every N steps (default: %(default)s)")
-    a("--overfit-batch", action="store_true", help="sanity check: train on the first batch over and over (loss must fall)")
-    a("--eval-batch-size", type=at_least(1), default=128, help="batch size of the dev-set encoding (default: %(default)s)")
-
-
 def check_config(cfg):
     """Refuse bad paths and devices before any work starts, with one line that names the problem."""
     try:
@@ -713,14 +647,8 @@ def check_config(cfg):
     if Path(cfg.out).exists() and not cfg.overwrite and not cfg.eval_only:
         die(f"--out {cfg.out} exists: pass --overwrite to replace it (it is kept until this run has a checkpoint of "
             f"its own), or choose another --out")
-    if cfg.device == "cuda" and not torch.cuda.is_available():
-        die("--device cuda: no CUDA device is available (use --device cpu)")
+
 
 
 if __name__ == "__main__":
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # from here on, Ctrl-C is a KeyboardInterrupt
-    try:
-        main()
-    except KeyboardInterrupt:  # outside the loop (loading, the final evaluation): no traceback, nothing half-written
-        print("train.py: interrupted", file=sys.stderr)
-        sys.exit(130)
+    cli.run(main, "train.py")

@@ -7,10 +7,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-LATER = "its flags come from a module that imports torch: still to be moved before the heavy imports (issue 34)"
-SCRIPTS = ["evaluate.py", "experiments.py", "data.py", "pretrain.py", "export.py", "bench.py",
-           pytest.param("train.py", marks=pytest.mark.xfail(strict=True, reason=f"methods.py: {LATER}")),
-]
+SCRIPTS = ["train.py", "evaluate.py", "experiments.py", "data.py", "pretrain.py", "export.py", "bench.py"]
 
 PROBE = """
 import runpy, sys

@@ -66,3 +66,15 @@ def test_proj_size_with_no_proj_is_refused(capsys):
 def test_whitening_and_flow_fit_on_the_64_tokens_their_codes_read():
     for loss in ("whitening", "flow"):
         assert methods.resolve_config(train.get_args(["--loss", loss])).max_len == 64
+
+
+def test_the_pooling_choices_are_berts():
+    import bert
+    assert methods.POOLINGS == bert.POOLINGS  # methods.py loads no torch, so it keeps its own copy of the names
+
+
+def test_takes_answers_as_the_refusals_do():
+    assert methods.takes("opt", "--lam") and methods.takes("opt", "lam") and not methods.takes("simcse", "--lam")
+    assert methods.takes("whitening", "--whiten-dim") and not methods.takes("opt", "whiten-dim")
+    assert methods.takes("promptbert", "--template2") and not methods.takes("promptbert", "--aug1")
+    assert not methods.takes("whitening", "--lr") and methods.takes("flow", "--lr")

@@ -1,6 +1,7 @@
 """prompt.py and PromptBERT through train.py, evaluate.py and export.py, each against an oracle written out here: the
 template's ids from its pieces tokenized apart, the denoising vector from a per-sentence loop, the loss from the
 InfoNCE equation, the [MASK] vector of all-MiniLM-L6-v2 from transformers' BertModel."""
+import dataclasses
 import math
 import random
 
@@ -117,7 +118,7 @@ def test_one_promptbert_step_is_infonce_over_the_two_denoised_templates(tiny, tm
     model, tok = bert.Bert.from_pretrained(tiny), bert.load_tokenizer(tiny, max_len=cfg.max_len)
     run = train.build_run(cfg, model, tok, SENTS, None, torch.device("cpu"))
     batch = SENTS[:4]
-    x1, x2 = train.tensors(run, batch), train.tensors(run, batch, side=1)
+    x1, x2 = train.inputs(run, batch, None)
     t1, t2 = (prompt.Template(t, tok, 64) for t in (T1, T2))
     assert x1[0].tolist() == bert.batch_tensors(t1.encode_batch(batch))[0].tolist()  # side 1: template 1
     assert x2[0].tolist() == bert.batch_tensors(t2.encode_batch(batch))[0].tolist()  # side 2: template 2
@@ -125,8 +126,8 @@ def test_one_promptbert_step_is_infonce_over_the_two_denoised_templates(tiny, tm
         want1, want2 = (run.head(t.denoised(run.bert_T, *x)) for t, x in ((t1, x1), (t2, x2)))
     before = {k: v.clone() for k, v in run.bert_T.state_dict().items()}
 
-    seen, real = [], train.sides
-    monkeypatch.setattr(train, "sides", lambda *a: seen.append(real(*a)) or seen[-1])
+    seen, real = [], run.method.sides
+    run.method = dataclasses.replace(run.method, sides=lambda *a: seen.append(real(*a)) or seen[-1])
     loss, _, _, lr = train.train_step(run, 1, x1, x2)
     z1, z2 = (z.detach().double() for z in seen[0])
     K = run.bert_T.config.intermediate_size  # fp32, other batching: equal up to summation order (conftest)
