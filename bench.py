@@ -26,7 +26,7 @@ and is skipped. Shared rules, so that ratios mean something:
            SentEval itself (the CPU-patched reference copy in ../shared/senteval, needs scikit-learn); time and
            the accuracy difference per task (--transfer-tasks, --transfer-config, --transfer-pooling)
   wk       WK pooling (wk.py: batched QR) vs mean pooling of the same model, STS-B test sentences (the paper's Table 6:
-           WK at 14x mean pooling's time), and vs the SBERT-WK code's per-sentence, per-token numpy loop (wk_reference)
+           WK at 14x mean pooling's time), and vs the SBERT-WK code's per-sentence, per-token numpy loop (reference.py)
   pretrain pretrain.py's masked-LM step (BERT-Mini, packed, decoder at the masked rows, fused AdamW) vs transformers'
            BertForMaskedLM + torch AdamW on the same batches and masks: tokens per second
   gpu      (by name only) every GPU check in one command: tests/test_cuda.py, encoder/step/precision/pretrain on
@@ -37,7 +37,6 @@ Ratios are "reference time / our time": above 1 means ours is faster. Times are 
 """
 import argparse
 import contextlib
-import copy
 import dataclasses
 import gc
 import io
@@ -55,8 +54,9 @@ from functools import partial
 from pathlib import Path
 
 import checkpoint  # checkpoint, cli and data load no torch: --help answers before torch loads
+import cli
 import data
-from cli import at_least
+from cli import at_least, die
 
 # -----------------------------------------------------------------------------
 # the command line, parsed before the heavy imports
@@ -82,7 +82,7 @@ def names_of(known, what):
 def get_args(argv=None):
     ap = argparse.ArgumentParser(description="Side-by-side benchmarks of sgbert against its references.",
                                  epilog="example: python bench.py --only step,sts --device cpu --json bench.json")
-    ap.error = checkpoint.die  # a bad flag is one line
+    ap.error = die  # a bad flag is one line
     a, n = ap.add_argument, at_least
     a("--json", help="also write the results to this JSON file")
     a("--only", type=names_of(SECTION_NAMES, "section"), default=DEFAULT,
@@ -109,11 +109,12 @@ def get_args(argv=None):
     try:
         args.json and checkpoint.check_output(args.json, ".json")  # before the runs, not after an hour of them
     except checkpoint.LoadError as e:
-        checkpoint.die(f"--json {e}")
+        die(f"--json {e}")
     return args
 
 
 if __name__ == "__main__":
+    cli.exit_on_ctrl_c("bench.py")  # Ctrl-C while torch loads: one line and exit code 130
     get_args()  # exits here on --help or a bad flag; main() parses again, after the imports below
 
 import numpy as np
@@ -122,6 +123,7 @@ import torch.nn.functional as F
 
 import bert
 import methods
+import reference
 import sg_loss
 import train
 import transfer
@@ -201,32 +203,8 @@ def peak_cuda_mb(fn):
 # loss: sg_opt vs the official code's formulation
 
 
-def official_sg_opt(c, h, tau, unbind=False):
-    """L^opt3 the way the official code (galsang/SG-BERT) builds it; written from its structure, not copied.
-
-    For each layer k a (b, b) similarity between c and the views h[:, k], positives on the diagonal; for each
-    anchor i the similarities to all views of the other sentences at all layers, gathered into a (b, (b-1)*L)
-    negatives matrix; then per layer logits = cat([positive, negatives]) / tau, i.e. the negatives are materialised
-    again for every layer, cross-entropy with label 0, and the mean over layers. unbind=True takes the layers as
-    separate tensors (as when they come from a list of hidden states) instead of indexing h[:, k], whose backward
-    writes a zero-filled (b, L, p) gradient per layer.
-    """
-    b, L, p = h.shape
-    c = F.normalize(c, dim=-1)
-    views = h.unbind(1) if unbind else [h[:, k] for k in range(L)]
-    sims = torch.stack([c @ F.normalize(hk, dim=-1).T for hk in views], dim=1)  # (b, L, b): cos(c_i, h_jk)
-    others = ~torch.eye(b, dtype=torch.bool, device=c.device)
-    negs = sims.permute(0, 2, 1)[others].reshape(b, (b - 1) * L)  # (b, (b-1)*L): views of sentences j != i
-    labels = torch.zeros(b, dtype=torch.long, device=c.device)
-    loss = 0.0
-    for k in range(L):
-        logits = torch.cat([sims[:, k].diagonal()[:, None], negs], dim=1) / tau  # (b, 1 + (b-1)*L), per layer
-        loss = loss + F.cross_entropy(logits, labels)
-    return loss / L
-
-
-LOSSES = {"sg_opt": sg_loss.sg_opt, "official": official_sg_opt,
-          "official_unbind": partial(official_sg_opt, unbind=True)}
+LOSSES = {"sg_opt": sg_loss.sg_opt, "official": reference.official_sg_opt,
+          "official_unbind": partial(reference.official_sg_opt, unbind=True)}
 
 
 def make_loss_run(impl, b, L, p, tau=0.05, seed=0):
@@ -294,18 +272,8 @@ def skip(results, name, why):
     results[name] = {"skipped": why}
 
 
-def hf_bert(path, device="cpu"):
-    """transformers.BertModel with sdpa attention and no pooler (ours has none: the same parameters, the same work)."""
-    import transformers
-    transformers.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
-    model = transformers.BertModel.from_pretrained(path, attn_implementation="sdpa", add_pooling_layer=False)
-    return model.to(device)
-
-
 def get_device(args):
-    return torch.device("cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
-                        else "cpu")
+    return torch.device(cli.device(args.device))  # auto: cuda when available; cuda without one: one line
 
 
 def cuda_sync(device):
@@ -336,7 +304,7 @@ def bench_encoder(results, args):
                                         "(pip install -r requirements-dev.txt)")
     device = get_device(args)
     ours = bert.Bert.from_pretrained(path).to(device).eval()
-    ref = hf_bert(path, device).eval()
+    ref = reference.hf_bert(path, device).eval()
     rows = []
     for B, T, padded in [(64, 32, False), (64, 32, True), (16, 128, False), (16, 128, True)]:
         ids, mask = (x.to(device) for x in random_batch(B, T, ours.config.vocab_size, padded))
@@ -417,49 +385,7 @@ def make_step_run(impl, path, data_dir=None, batch_size=16, steps=1, device="cpu
             return loss, reg.detach()
         run_steps.run = run  # for the per-phase breakdown (phase_times)
         return run_steps
-    return reference_step_run(path, cfg, batches, counter, steps, device)
-
-
-def reference_step_run(path, cfg, batches, counter, steps, device):
-    """The reference side of make_step_run: transformers.BertModel, the official loss, the norm-loop regulariser and
-    torch's per-parameter AdamW (the nearest stand-in for the transformers.AdamW the official code used)."""
-    bert_F = hf_bert(path).to(device).train(cfg.dropout == "on")
-    bert_T = copy.deepcopy(bert_F).train(cfg.dropout == "on").requires_grad_(True)
-    bert_T.embeddings.requires_grad_(False)  # as train.py: BERT_T's embeddings stay frozen
-    bert_F.requires_grad_(False)  # the official code freezes BERT_F, as train.py does
-    torch.manual_seed(cfg.seed)  # the same head as train.build_run's
-    head = sg_loss.ProjectionHead(bert_F.config.hidden_size, cfg.proj_size).to(device)
-    optimizer = torch.optim.AdamW(train.param_groups([bert_T, head], cfg.weight_decay), lr=cfg.lr, betas=(0.9, 0.9),
-                                  eps=1e-6)
-    trainable = [p for g in optimizer.param_groups for p in g["params"]]
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.precision == "bf16")  # as train.py
-
-    def step(ids, mask, i):
-        # BERT_F frozen and run without autograd, as the official code does: what the reference differs in is
-        # transformers' BertModel, the official loss formulation, the norm-loop regulariser and a per-parameter AdamW
-        with torch.no_grad(), autocast:
-            hs = bert_F(input_ids=ids, attention_mask=mask, output_hidden_states=True).hidden_states
-            h = torch.stack([bert.masked_mean(x, mask) for x in hs], 1)  # (b, L, H), the same views
-        with autocast:
-            c = bert_T(input_ids=ids, attention_mask=mask).last_hidden_state[:, 0]
-            zc, zh = methods.project(head, c, h)  # the same head, the same way
-        loss = official_sg_opt(zc, zh, cfg.tau)  # the loss section's reference formulation
-        reg = 0.0  # the official regulariser: a Python loop of per-parameter norms, added to the loss, backpropagated
-        for p_T, p_F in zip(bert_T.parameters(), bert_F.parameters()):
-            reg = reg + torch.norm(p_T - p_F) ** 2
-        optimizer.zero_grad(set_to_none=True)
-        (loss + cfg.lam * reg).backward()
-        for g in optimizer.param_groups:
-            g["lr"] = train.get_lr(i, cfg.max_steps, cfg.lr)
-        torch.nn.utils.clip_grad_norm_(trainable, 1.0)
-        optimizer.step()
-        return loss.detach(), (cfg.lam * reg).detach()
-
-    def run_steps():
-        for _ in range(steps):
-            out = step(*next(batches), next(counter))
-        return out
-    return run_steps
+    return reference.reference_step_run(path, cfg, batches, counter, steps, device)
 
 
 def phase_times(run_steps, repeats, device):
@@ -760,43 +686,6 @@ def encode_distinct(model, tokenizer, s1, s2, batch_size=64):
     return emb[[row[s] for s in s1]], emb[[row[s] for s in s2]]
 
 
-def unit_columns(a):
-    n = np.linalg.norm(a, axis=0)
-    return a / np.where(n == 0, 1, n)  # sklearn's normalize(axis=0): a zero column stays zero
-
-
-def wk_unify_token(feats, m):
-    """One token's (S, d) layer representations -> its unified vector: the SBERT-WK code's unify_token."""
-    S = feats.shape[0]
-    align, novelty = np.zeros(S), np.zeros(S)
-    for k in range(S):
-        window = np.vstack([feats[k - m:k], feats[k + 1:k + m + 1], feats[k][None]])  # Python slices, centre last
-        _, R = np.linalg.qr(window.T)
-        r = R[:, -1]
-        align[k] = np.mean(unit_columns(R[:-1, :-1]), axis=1).dot(R[:-1, -1]) / np.linalg.norm(r[:-1])
-        align[k] = 1 / (align[k] * window.shape[0] * 2)
-        novelty[k] = abs(r[-1]) / np.linalg.norm(r)
-    alpha = align / align.sum() + novelty / novelty.sum()
-    return feats.T.dot(alpha / alpha.sum())
-
-
-def wk_reference(hidden_states, mask, layer_start, m):
-    """WK pooling as the SBERT-WK code runs it after the forward pass: per sentence, its tokens 0..n-2 ([CLS] kept,
-    the last [SEP] dropped), per token its layers, in float64 numpy (the oracle of tests/test_wk.py)."""
-    hs = np.stack([h.double().cpu().numpy() for h in hidden_states[layer_start:]], 1)  # (B, S, T, d)
-    out = []
-    for b in range(hs.shape[0]):
-        n = int(mask[b].sum()) - 1
-        feats = hs[b, :, :n]  # (S, n, d)
-        tokens = np.stack([wk_unify_token(feats[:, t], m) for t in range(n)])
-        var = np.zeros(n)
-        for t in range(n):  # the variance of the cosines between consecutive layers
-            f = feats[:, t] / np.linalg.norm(feats[:, t], axis=1, keepdims=True)
-            var[t] = np.var((f @ f.T).diagonal(-1))
-        out.append(tokens.T.dot(var / var.sum()))
-    return np.stack(out)
-
-
 def bench_wk(results, args):
     path = minilm_path()
     if path is None:
@@ -819,7 +708,7 @@ def bench_wk(results, args):
 
     def loop():  # the code's path: a forward of the batch, then its per-sentence, per-token loop
         with torch.inference_mode():
-            return wk_reference(model(ids, mask), mask, start, 2)
+            return reference.wk_reference(model(ids, mask), mask, start, 2)
     got = bert.encode(model, tok, few, pool)
     assert np.allclose(got, loop(), rtol=1e-4, atol=1e-4), "wk: the batched WK vectors differ from the code's loop"
     sync = cuda_sync(device)
@@ -827,7 +716,7 @@ def bench_wk(results, args):
                           "wk": lambda: bert.encode(model, tok, sents, pool)}, repeats=max(1, args.repeats // 3), sync=sync)
     t_loop = time_alternating({"loop": loop}, repeats=1)["loop"] * len(sents) / len(few)
     # the pooling alone, after the forward: the batched QR vs the loop on the same hidden states of the same sentences
-    p = time_alternating({"batched": lambda: pool(hs, mask), "loop": lambda: wk_reference(hs, mask, start, 2)},
+    p = time_alternating({"batched": lambda: pool(hs, mask), "loop": lambda: reference.wk_reference(hs, mask, start, 2)},
                          repeats=max(1, args.repeats // 3), sync=sync)
     print(f"  {len(sents)} distinct STS-B test sentences, all-MiniLM-L6-v2 ({device}), WK layers {start}..6, window 2")
     print(f"  mean pooling {t['mean']:.2f} s | WK batched {t['wk']:.2f} s: x{t['wk'] / t['mean']:.2f} of mean pooling's "
@@ -858,7 +747,7 @@ def bench_sts(results, args):
     if missing("transformers"):
         print("  transformers is not installed: its in-order contender is skipped")
     else:
-        ref = hf_bert(path, device).eval()
+        ref = reference.hf_bert(path, device).eval()
         runs["transformers in order"] = lambda s1, s2: encode_in_order(ref, tok, s1, s2)
     tasks = {task: data.load_task(task, data_dir) for task in data.TASKS}
     pairs = {task: ([s for a, _, _ in sub.values() for s in a], [s for _, b, _ in sub.values() for s in b])
@@ -1170,4 +1059,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    cli.run(main, "bench.py")

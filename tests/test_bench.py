@@ -109,3 +109,18 @@ def test_gpu_checks_on_a_machine_without_cuda_say_so_in_one_line_and_exit_0(tmp_
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert "no CUDA device visible to torch" in out.stdout and json.loads((tmp_path / "b.json").read_text())["gpu"] is None
+
+
+def test_no_module_imports_the_regulariser_by_name():
+    """bench.py times the regulariser by patching sg_loss.add_weight_distance_grad_ at run time: a module holding its
+    own reference to it (`from sg_loss import add_weight_distance_grad_`) would keep calling the unpatched function and
+    the phase timings would silently miss it. Every call goes through the module: sg_loss.add_weight_distance_grad_."""
+    import ast
+    offenders = []
+    for path in sorted(ROOT.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module == "sg_loss":
+                names = {a.name for a in node.names}
+                if names & {"add_weight_distance_grad_", "*"}:
+                    offenders.append(f"{path.name}:{node.lineno}")
+    assert not offenders, f"import sg_loss and call sg_loss.add_weight_distance_grad_ instead: {offenders}"

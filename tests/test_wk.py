@@ -1,5 +1,5 @@
 """wk.py against its oracle: the SBERT-WK code's algorithm as its per-sentence, per-token, per-layer float64 numpy
-loop (utils.py: dissecting -> unify_token -> unify_sentence; bench.wk_reference, the reference side of bench.py wk),
+loop (utils.py: dissecting -> unify_token -> unify_sentence; reference.wk_reference, shared with bench.py wk),
 on the tiny BERT and on real MiniLM sentences."""
 import numpy as np
 import pytest
@@ -7,7 +7,7 @@ import torch
 
 import bert
 import wk
-from bench import wk_reference as reference_wk
+from reference import wk_reference as reference_wk
 from conftest import TINY, tiny_model_folder
 
 SENTENCES = ["a man is playing a guitar .", "the cat", "a woman and a dog are on the man with the cat in the guitar",
