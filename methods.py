@@ -37,7 +37,6 @@ def views_of_F(run, x1, x2):
     of the frozen BERT_F, its hidden states run.layers of x2, each pooled over all real tokens ([CLS]/[SEP]
     included) -> (b, L, H). One pass of the shared head f over both -> z1 (b, p), z2 (b, L, p)."""
     import torch
-
     import bert
     m, cfg = run.method, run.cfg
     with torch.no_grad(), run.autocast():  # BERT_F: frozen, never in the autograd graph
@@ -156,6 +155,7 @@ def L_base(z1, z2, tau, rows=None):
 
 
 def L_opt1(z1, z2, tau, rows=None):
+    """L^opt1: only c_i is an anchor; the other c_j and every h_j are its negatives: OPT1's loss."""
     import sg_loss
     return sg_loss.opt1(z1, z2, tau, rows=rows)
 
