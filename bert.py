@@ -200,23 +200,18 @@ class Bert(nn.Module):
     def from_pretrained(cls, name_or_path):
         """A model folder (config.json + model.safetensors), a .safetensors checkpoint written by this project,
         or a name found as weights/<name>/ (downloaded from the Hugging Face hub when missing). Eval mode."""
-        src = checkpoint.resolve(name_or_path)
-        if src.suffix == ".safetensors" or src.is_file():
-            weights = checkpoint.check_checkpoint_path(src)
-        else:
-            weights = src / "model.safetensors"
-            for f in (src / "config.json", weights):
-                if not f.is_file():
-                    hint = " (pytorch_model.bin is not read: save it as model.safetensors)" \
-                        if (src / "pytorch_model.bin").exists() else ""
-                    raise LoadError(f"{f} not found{hint}; a model folder needs config.json and model.safetensors")
-        model = cls(read_config(src))
-        model.load_safetensors(weights)
+        return cls.from_checkpoint(checkpoint.load(name_or_path))
+
+    @classmethod
+    def from_checkpoint(cls, ck):
+        """The model of what checkpoint.load read: its config, its tensors through the key map below. Eval mode."""
+        model = cls(config_of(ck))
+        model.load_tensors(ck.tensors, ck.weights)
         return model.eval()
 
-    def load_safetensors(self, path):
-        """Fill every parameter from a safetensors file through the key map below; any mismatch is an error."""
-        tensors = checkpoint.read_tensors(path)
+    def load_tensors(self, tensors, path):
+        """Fill every parameter from tensors {checkpoint key: tensor} (read from path) through the key map below;
+        any mismatch is an error that names the file and the keys."""
         own = self.state_dict()
         loaded, seen, self.extra = {}, {}, {}
         problems = {k: [] for k in ("missing keys", "unexpected keys", "wrong shapes", "integer tensors",
@@ -269,9 +264,12 @@ def hf_key(key):
 
 
 
-def read_config(src):
-    """The checked BertConfig of a model folder (its config.json) or of our checkpoint (its metadata)."""
-    return BertConfig.from_dict(*checkpoint.read_config_dict(src))
+def config_of(ck):
+    """The checked BertConfig of what checkpoint.load read: a model folder's config.json, our checkpoint's metadata."""
+    if ck.config is None:
+        raise LoadError(f"{ck.path}: no 'config' in the safetensors metadata; this is not a checkpoint written by "
+                        "sgbert. Load the folder that holds it with its config.json instead.")
+    return BertConfig.from_dict(ck.config, ck.config_source)
 
 
 # -----------------------------------------------------------------------------
@@ -279,23 +277,27 @@ def read_config(src):
 
 
 def load_tokenizer(name_or_path, max_len=128):
-    """A tokenizers.Tokenizer that adds [CLS] ... [SEP] and truncates to max_len tokens (no padding: we pad per batch).
-    From tokenizer.json, the tokenizer stored in our checkpoint's metadata, or built from vocab.txt (uncased).
-    Where the model's config is beside it, max_len is capped by max_position_embeddings and the ids are checked
-    against vocab_size."""
+    """A tokenizers.Tokenizer that adds [CLS] ... [SEP] and truncates to max_len tokens (no padding: we pad per batch),
+    of a model folder, our checkpoint or a name (checkpoint.load, without its weights): see tokenizer_of."""
+    return tokenizer_of(checkpoint.load(name_or_path, tensors=False), max_len)
+
+
+def tokenizer_of(ck, max_len=128):
+    """The tokenizer of what checkpoint.load read: the one stored in our checkpoint's metadata, a folder's
+    tokenizer.json, or built from its vocab.txt (uncased). Where the model's config is known, max_len is capped by
+    max_position_embeddings and the ids are checked against vocab_size."""
     from tokenizers import Tokenizer
-    src = checkpoint.resolve(name_or_path)
-    meta = checkpoint.read_metadata(src) if src.suffix == ".safetensors" else {}
-    if src.suffix == ".safetensors":
-        if "tokenizer" not in meta:
+    src = ck.path
+    if src == ck.weights:  # our checkpoint
+        if ck.tokenizer is None:
             raise LoadError(f"{src}: no 'tokenizer' in the safetensors metadata; pass the base model's folder instead")
-        what, make = f"{src} (metadata 'tokenizer')", lambda: Tokenizer.from_str(meta["tokenizer"])
-    elif (src / "tokenizer.json").is_file():
-        what, make = src / "tokenizer.json", lambda: Tokenizer.from_file(str(src / "tokenizer.json"))
-    elif (src / "vocab.txt").is_file():
-        what, make = src / "vocab.txt", lambda: wordpiece_from_vocab(src / "vocab.txt")
-    else:
+        what, make = f"{src} (metadata 'tokenizer')", lambda: Tokenizer.from_str(ck.tokenizer)
+    elif ck.tokenizer is None:
         raise LoadError(f"{src}: no tokenizer.json or vocab.txt; put one of them in the model folder")
+    elif ck.tokenizer.name == "tokenizer.json":
+        what, make = ck.tokenizer, lambda: Tokenizer.from_file(str(ck.tokenizer))
+    else:
+        what, make = ck.tokenizer, lambda: wordpiece_from_vocab(ck.tokenizer)
     try:
         tok = make()
         tok.no_padding()
@@ -310,8 +312,8 @@ def load_tokenizer(name_or_path, max_len=128):
     if cls_id is None or sep_id is None or ids[:1] != [cls_id] or ids[-1:] != [sep_id]:
         raise LoadError(f"{what}: the tokenizer does not add [CLS] ... [SEP] (it gives {ids} for 'a'); "
                         "SG-BERT's sentence vector is the [CLS] token")
-    if meta.get("config") is not None or (src / "config.json").is_file():
-        config = read_config(src)
+    if ck.config is not None:
+        config = config_of(ck)
         check_vocab(tok, config, what)
         max_len = min(max_len, config.max_position_embeddings)  # longer inputs have no position embedding
     tok.enable_truncation(max_length=max_len)

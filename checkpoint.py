@@ -17,6 +17,7 @@ import sys
 import urllib.error
 import urllib.request
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from cli import die  # noqa: F401  (callers use checkpoint.die; its home is cli.py)
@@ -196,32 +197,93 @@ def check_download(url, path):
 # safetensors checkpoints
 
 
-def read_tensors(path):
-    from safetensors.torch import load_file
-    try:
-        return load_file(str(path))
-    except Exception as e:  # safetensors raises its own SafetensorError, or OSError
-        raise LoadError(f"{path}: not a valid safetensors file ({e}); re-download or re-create it") from None
+@dataclass
+class Checkpoint:
+    """A model as load read it, once: everything its BERT (bert.py), its tokenizer and its fitted transform
+    (posthoc.py) are built from, so that nothing opens the file again."""
+    path: Path  # what was read: our .safetensors checkpoint, or a model folder
+    weights: Path  # the weights file: the checkpoint itself, or the folder's model.safetensors
+    tensors: dict  # {key: tensor} as stored; {} when read without tensors
+    meta: dict  # our checkpoint's metadata (META), JSON values decoded and checked; {} for a model folder
+    config: dict | None  # the raw BertConfig: metadata 'config', or the folder's config.json; None when absent
+    config_source: str  # where config comes from, for error messages
+    tokenizer: str | Path | None  # metadata 'tokenizer' (its JSON), or the folder's tokenizer.json / vocab.txt
+    sha256: str | None  # of the weights file's bytes, what records name a model by; None without tensors
 
 
-def tensor_names(path):
-    """The tensor names of a .safetensors file, from its header alone."""
-    from safetensors import safe_open
+def load(name_or_path, tensors=True):
+    """A model read once: our .safetensors checkpoint (weights; config, tokenizer and the rest in its metadata), a
+    model folder (config.json, model.safetensors, tokenizer.json or vocab.txt), or a name found as weights/<name>/
+    (downloaded from the hub when missing). tensors=False reads a checkpoint's header alone and a folder's weights
+    not at all: what a tokenizer needs."""
+    src = resolve(name_or_path)
+    if src.suffix == ".safetensors" or src.is_file():
+        path = check_checkpoint_path(src)
+        t, meta, sha = read_safetensors(path, tensors)
+        return Checkpoint(path, path, t, meta, meta.get("config"), f"{path} (metadata 'config')", meta.get("tokenizer"),
+                          sha)
+    weights, config = src / "model.safetensors", src / "config.json"
+    for f in (config, weights) if tensors else ():
+        if not f.is_file():
+            hint = " (pytorch_model.bin is not read: save it as model.safetensors)" \
+                if (src / "pytorch_model.bin").exists() else ""
+            raise LoadError(f"{f} not found{hint}; a model folder needs config.json and model.safetensors")
     try:
-        with safe_open(str(path), "pt") as f:
-            return list(f.keys())
-    except Exception as e:
-        raise LoadError(f"{path}: not a valid safetensors file ({e}); re-download or re-create it") from None
+        cfg = json.loads(config.read_text(encoding="utf-8")) if config.is_file() else None
+    except (OSError, ValueError) as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        raise LoadError(f"{config}: not a valid BERT config.json ({e})") from None
+    tokenizer = next((f for f in (src / "tokenizer.json", src / "vocab.txt") if f.is_file()), None)
+    t, _, sha = read_safetensors(weights) if tensors else ({}, {}, None)
+    return Checkpoint(src, weights, t, {}, cfg, str(config), tokenizer, sha)
 
 
 def read_metadata(path):
-    """The metadata of a .safetensors file, with the JSON values our checkpoints store decoded and type-checked."""
-    from safetensors import safe_open
+    """The metadata of a .safetensors file, from its header alone, the JSON values our checkpoints store decoded and
+    type-checked."""
+    return read_safetensors(path, tensors=False)[1]
+
+
+def read_safetensors(path, tensors=True):
+    """The safetensors format (write_safetensors) read back in one pass over the file: ({key: tensor}, metadata,
+    sha256 of the file's bytes); tensors=False reads the header alone: ({}, metadata, None). Each tensor is read
+    straight into its own storage, in file order, the hash following along: one open, one read, no copy."""
+    import hashlib
+    import torch
     try:
-        with safe_open(str(path), "pt") as f:
-            meta = f.metadata() or {}
-    except Exception as e:
+        with open(path, "rb") as f:
+            size, head = os.fstat(f.fileno()).st_size, f.read(8)
+            n = int.from_bytes(head, "little")
+            if len(head) < 8 or not 2 <= n <= size - 8:
+                raise ValueError(f"header size {n} in a file of {size} bytes")
+            header_bytes = f.read(n)
+            header = json.loads(header_bytes)
+            meta = header.pop("__metadata__", None) or {}
+            if not tensors:
+                return {}, decode_metadata(path, meta), None
+            out, end, h = {}, 0, hashlib.sha256(head + header_bytes)
+            for k, v in sorted(header.items(), key=lambda kv: kv[1]["data_offsets"]):
+                if v["dtype"] not in ST_DTYPES:
+                    raise ValueError(f"{k}: dtype {v['dtype']} is none of {', '.join(ST_DTYPES)}")
+                t = torch.empty(v["shape"], dtype=getattr(torch, ST_DTYPES[v["dtype"]]))
+                if v["data_offsets"] != [end, end + t.numel() * t.element_size()]:
+                    raise ValueError(f"{k}: bytes {v['data_offsets']} are not the {list(t.shape)} {v['dtype']} "
+                                     f"tensor that follows byte {end} (the format has no holes)")
+                buf = t.reshape(-1).view(torch.uint8).numpy()  # the tensor's own memory, as bytes
+                if f.readinto(buf) != len(buf):
+                    raise ValueError(f"{k}: the file ends inside it")
+                h.update(buf)
+                out[k], end = t, v["data_offsets"][1]
+            if 8 + n + end != size:
+                raise ValueError(f"its tensors end at byte {8 + n + end} of {size}")
+    except (OSError, ValueError, TypeError, KeyError, IndexError, AttributeError, RuntimeError) as e:
         raise LoadError(f"{path}: not a valid safetensors file ({e}); re-download or re-create it") from None
+    return out, decode_metadata(path, meta), h.hexdigest()
+
+
+def decode_metadata(path, meta):
+    """A header's metadata {str: str} with the JSON values (JSON_META) decoded, each checked to be an object."""
+    if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
+        raise LoadError(f"{path}: not a valid safetensors file (its metadata is not a map of strings); re-create it")
     out = {}
     for k, v in meta.items():
         try:
@@ -231,25 +293,6 @@ def read_metadata(path):
         if k in JSON_META and not isinstance(out[k], dict):
             raise LoadError(f"{path}: metadata '{k}' is a JSON {type(out[k]).__name__}; it must be an object")
     return out
-
-
-
-
-def read_config_dict(src):
-    """The raw config of a model folder (its config.json) or of our checkpoint (its metadata 'config'), and a name of
-    where it came from for error messages."""
-    src = Path(src)
-    if src.suffix == ".safetensors":
-        meta = read_metadata(src)
-        if "config" not in meta:
-            raise LoadError(f"{src}: no 'config' in the safetensors metadata; this is not a checkpoint written by "
-                            "sgbert. Load the folder that holds it with its config.json instead.")
-        return meta["config"], f"{src} (metadata 'config')"
-    f = src / "config.json"
-    try:
-        return json.loads(f.read_text(encoding="utf-8")), str(f)
-    except (OSError, ValueError) as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
-        raise LoadError(f"{f}: not a valid BERT config.json ({e})") from None
 
 
 def save_checkpoint(path, tensors, meta):
@@ -269,12 +312,13 @@ def write_safetensors(f, tensors, meta):
     writer orders the metadata by a hash map whose seed changes per run; here every order is fixed, so the same
     tensors and metadata always give the same bytes."""
     import torch  # here, not at the top: the sweep and report commands import this file and need no torch
+    st_name = {getattr(torch, v): k for k, v in ST_DTYPES.items()}
     names = sorted(tensors, key=lambda k: (-tensors[k].element_size(), k))  # widest dtype first keeps data aligned
     header, start = {"__metadata__": dict(sorted(meta.items()))}, 0
     for k in names:
         t = tensors[k]
         n = t.numel() * t.element_size()
-        header[k] = {"dtype": ST_DTYPES[str(t.dtype)], "shape": list(t.shape), "data_offsets": [start, start + n]}
+        header[k] = {"dtype": st_name[t.dtype], "shape": list(t.shape), "data_offsets": [start, start + n]}
         start += n
     h = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
     h += b" " * (-len(h) % 8)  # pad with spaces so the data starts 8-byte aligned, as the format asks
@@ -283,7 +327,8 @@ def write_safetensors(f, tensors, meta):
         f.write(tensors[k].reshape(-1).view(torch.uint8).numpy())
 
 
-ST_DTYPES = {"torch.float64": "F64", "torch.float32": "F32", "torch.float16": "F16", "torch.bfloat16": "BF16"}
+ST_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16",  # safetensors' names: torch's
+             "I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool"}
 
 
 def check_checkpoint_path(path, write=False):

@@ -109,6 +109,7 @@ import transfer
 import wk
 from cli import die
 from data import DataError, load_pairs_file, load_stsb, load_task, resolve_data_dir
+from posthoc import make_transform  # noqa: F401  (its home is posthoc.py; train.py still names evaluate.make_transform)
 
 assert POOLING_CHOICES == (*bert.POOLINGS, "wk", "prompt"), f"POOLING_CHOICES is out of date: {bert.POOLINGS}"
 assert TRANSFER_CONFIG_NAMES == tuple(transfer.TRANSFER_CONFIGS), f"out of date: {list(transfer.TRANSFER_CONFIGS)}"
@@ -220,36 +221,15 @@ class Counter:
             self.log(f"  encoding: {done}/{total} sentences, {now - self.t0:.0f} s")
 
 
-def make_transform(info, tensors):
-    """The fitted map a checkpoint records (metadata 'transform', its tensors without the prefix) as a function of the
-    pooled vectors, numpy (n, H) -> (n, K) float32."""
-    if info.get("kind") == "whitening":
-        shapes = {k: tuple(v.shape) for k, v in tensors.items()}
-        mu, W = tensors.get("mu"), tensors.get("W")
-        if set(shapes) != {"mu", "W"} or mu.ndim != 1 or W.ndim != 2 or W.shape[0] != len(mu) \
-                or W.shape[1] != info.get("dim", W.shape[1]):
-            raise ValueError(f"tensors {shapes}, not mu (H,) and W (H, {info.get('dim', 'K')})")
-        return lambda x: posthoc.whiten(torch.from_numpy(x), mu, W).float().numpy()
-    if info.get("kind") == "flow":
-        flow = posthoc.Glow.from_config(info["config"])
-        flow.load_state_dict(tensors)
-        flow.eval()
-
-        @torch.no_grad()
-        def apply(x):
-            return flow(torch.from_numpy(x).float())[0].numpy()
-        return apply
-    raise ValueError(f"unknown transform kind {info.get('kind')!r} (this sgbert knows whitening and flow)")
-
-
 EVAL_POOLINGS = (*bert.POOLINGS, "prompt")  # what a checkpoint's metadata 'pooling' may say
 
 
-def check_metadata(path, meta, tensor_names):
-    """The evaluation keys of a checkpoint's metadata against the schema (checkpoint.META): 'pooling' one that
-    evaluate.py makes, 'template' a valid template, 'transform' present exactly when transform.* tensors are, with the
-    pooling it was fitted on. A LoadError that names the file and the key: never a checkpoint silently scored
-    another way (as plain first-last, say)."""
+def check_metadata(ck):
+    """The evaluation keys of a checkpoint's metadata (checkpoint.load's) against the schema (checkpoint.META):
+    'pooling' one that evaluate.py makes, 'template' a valid template, 'transform' present exactly when transform.*
+    tensors are, with the pooling it was fitted on. A LoadError that names the file and the key: never a checkpoint
+    silently scored another way (as plain first-last, say)."""
+    path, meta = ck.path, ck.meta
     pooling, info = meta.get("pooling"), meta.get("transform")
     if pooling is not None and pooling not in EVAL_POOLINGS:
         raise checkpoint.LoadError(f"{path}: metadata 'pooling' is {pooling!r}, not one of {', '.join(EVAL_POOLINGS)}; "
@@ -259,7 +239,7 @@ def check_metadata(path, meta, tensor_names):
             prompt.split(meta["template"])
         except ValueError as e:
             raise checkpoint.LoadError(f"{path}: metadata 'template' {e}; re-create the checkpoint") from None
-    fitted = [k for k in tensor_names if k.startswith(checkpoint.TRANSFORM_PREFIX)]
+    fitted = [k for k in ck.tensors if k.startswith(checkpoint.TRANSFORM_PREFIX)]
     if fitted and not info:
         raise checkpoint.LoadError(f"{path}: it holds the tensors {', '.join(sorted(fitted))} of a fitted transform "
                                    "but no metadata 'transform' saying what they are; re-create it with train.py")
@@ -272,24 +252,12 @@ def check_metadata(path, meta, tensor_names):
 
 
 def load_with_transform(path, device="cpu"):
-    """A checkpoint's model on `device`, and its fitted transform (None when it has none), its metadata checked
-    (check_metadata) and the transform tried on one vector of the model's width."""
-    model, meta = bert.Bert.from_pretrained(path).to(device), checkpoint.read_metadata(path)
-    check_metadata(path, meta, checkpoint.tensor_names(path))
-    if not meta.get("transform"):
-        return model, None
-    p = checkpoint.TRANSFORM_PREFIX
-    tensors = {k[len(p):]: v for k, v in checkpoint.read_tensors(path).items() if k.startswith(p)}
-    try:
-        if not all(torch.isfinite(v).all() for v in tensors.values()):
-            raise ValueError("its tensors hold NaN or inf")
-        transform = make_transform(meta["transform"], tensors)
-        transform(np.zeros((1, model.config.hidden_size), np.float32))  # it takes the model's H-dim vectors
-        return model, transform
-    except (KeyError, RuntimeError, ValueError, TypeError, AttributeError) as e:
-        raise checkpoint.LoadError(f"{path}: its {meta['transform'].get('kind')} transform (metadata 'transform', "
-                                   f"tensors {p}*) cannot be rebuilt ({e}); was it written by this version of "
-                                   "train.py?") from None
+    """A checkpoint's model on `device` and its fitted transform (None when it has none), from one read of the file
+    (checkpoint.load), its metadata checked (check_metadata) as evaluate.py --ckpt checks it."""
+    ck = checkpoint.load(path)
+    model = bert.Bert.from_checkpoint(ck).to(device)
+    check_metadata(ck)
+    return model, posthoc.transform_of(ck, model.config.hidden_size)
 
 
 def progress(msg):
@@ -478,17 +446,18 @@ def check_args(args):
 
 
 def load(args):
-    """The model, its tokenizer, its checkpoint metadata ({} for a model folder) and its fitted transform (None
-    without one), checked."""
-    name, transform = args.ckpt or args.model, None
+    """The model, its tokenizer, its fitted transform (None without one), its checkpoint metadata ({} for a model
+    folder) and the sha256 of its weights, all from one read of the file (checkpoint.load), checked."""
+    name = args.ckpt or args.model
     try:
-        if args.ckpt:
-            checkpoint.check_checkpoint_path(args.ckpt)
-            model, transform = load_with_transform(name)
-        else:
-            model = bert.Bert.from_pretrained(name)
-        tokenizer = eval_tokenizer(bert.load_tokenizer(name), model.config)
-        meta = checkpoint.read_metadata(name) if args.ckpt else {}
+        args.ckpt and checkpoint.check_checkpoint_path(args.ckpt)
+        ck = checkpoint.load(name)
+        model = bert.Bert.from_checkpoint(ck)
+        args.ckpt and check_metadata(ck)
+        transform = posthoc.transform_of(ck, model.config.hidden_size) if args.ckpt else None
+        tokenizer = eval_tokenizer(bert.tokenizer_of(ck), model.config)
+        meta, sha = (ck.meta if args.ckpt else {}), ck.sha256
+        del ck  # its tensors: the model holds its own copy
     except checkpoint.LoadError as e:  # its message names the file and what to do
         die(e)
     except (OSError, ValueError) as e:
@@ -509,7 +478,7 @@ def load(args):
     if transform and args.pooling not in (None, meta.get("pooling")):
         die(f"--pooling {args.pooling}: {name} holds a {meta['transform'].get('kind')} fitted on {meta.get('pooling')} "
             f"vectors; drop --pooling")
-    return model, tokenizer, meta, transform
+    return model, tokenizer, transform, meta, sha
 
 
 def prompt_template(args, meta, model, tokenizer):
@@ -531,8 +500,9 @@ def pairs_plot(args, model, tokenizer, meta, data_dir):
     """The paper's Figure 5: the checkpoint beside the base model it records."""
     base, name = (meta.get("args") or {}).get("model") or meta.get("base_model"), args.ckpt  # args: the path as given
     try:
-        before = bert.Bert.from_pretrained(base).to(model.embeddings.word_embeddings.weight.device)
-        before_tok = eval_tokenizer(bert.load_tokenizer(base), before.config)
+        ck = checkpoint.load(base)
+        before = bert.Bert.from_checkpoint(ck).to(model.embeddings.word_embeddings.weight.device)
+        before_tok = eval_tokenizer(bert.tokenizer_of(ck), before.config)
     except checkpoint.LoadError as e:
         die(f"--pairs-plot: the base model {base!r} recorded in {name} cannot be loaded: {e}")
     plot_pairs({f"before: {'/'.join(Path(str(base)).parts[-2:])}": sts_pairs_2d(
@@ -619,7 +589,7 @@ def main(argv=None):
     args = get_args(argv)
     check_args(args)
     device = cli.device(args.device)
-    model, tokenizer, meta, transform = load(args)
+    model, tokenizer, transform, meta, sha = load(args)
     args.pooling = args.pooling or meta.get("pooling") or "cls"  # the method's own evaluation pooling
     args.template = prompt_template(args, meta, model, tokenizer)
     model.to(device)
@@ -629,7 +599,7 @@ def main(argv=None):
         data_dir = resolve_data_dir(args.data_dir, need_stsb=False) if needs_data else None
         if args.pairs_plot:
             return pairs_plot(args, model, tokenizer, meta, data_dir)
-        results = {"model": name, "model_sha256": checkpoint.weights_sha256(args.ckpt or args.model), "device": device,
+        results = {"model": name, "model_sha256": sha, "device": device,
                    **run_tasks(args, model, tokenizer, data_dir, transform)}
     except DataError as e:
         die(e)

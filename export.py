@@ -60,13 +60,15 @@ def export(src, out_dir, force=False):
             raise FileExistsError(f"{out} exists and is not a folder; choose another OUT_DIR")
         if out.is_dir() and any(out.iterdir()) and not force:
             raise FileExistsError(f"{out} is not empty; pass --force to replace it")
-        path = checkpoint.resolve(src)
-        meta = checkpoint.read_metadata(path) if path.suffix == ".safetensors" else {"base_model": checkpoint.display_name(src)}
-        if path.suffix == ".safetensors":  # its pooling, template and transform as evaluate.py checks them
+        ck = checkpoint.load(src)  # the one read of it
+        path, ours = ck.path, ck.path == ck.weights  # ours: a .safetensors checkpoint, not a model folder
+        meta = ck.meta if ours else {"base_model": checkpoint.display_name(src)}
+        if ours:  # its pooling, template and transform as evaluate.py checks them
             from evaluate import check_metadata
-            check_metadata(path, meta, checkpoint.tensor_names(path))
-        model, tok = Bert.from_pretrained(path), bert.load_tokenizer(path)
-        files = folder_files(path, out.name, model, tok, meta)
+            check_metadata(ck)
+        model, tok = Bert.from_checkpoint(ck), bert.tokenizer_of(ck)
+        files = folder_files(path, out.name, model, tok, meta, ck.tensors)
+        del ck  # its tensors: the model holds its own copy
         tmp = checkpoint.temp_path(out)
         try:
             tmp.mkdir(mode=0o755)
@@ -81,15 +83,17 @@ def export(src, out_dir, force=False):
             meta = {k: v for k, v in meta.items() if k in checkpoint.META and k != "transform"}  # (in 2_Dense)
             checkpoint.save_checkpoint(tmp / "model.safetensors", model.tensors(),
                                        {**meta, "config": model.config.to_dict(), "tokenizer": tok.to_str()})
-            Bert.from_pretrained(tmp), bert.load_tokenizer(tmp)  # it reads back, before it replaces anything
+            back = checkpoint.load(tmp)  # it reads back, before it replaces anything
+            Bert.from_checkpoint(back), bert.tokenizer_of(back)
             replace_dir(tmp, out)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 
-def folder_files(path, name, model, tok, meta):
-    """The files of the export folder but model.safetensors: {relative path: text or JSON value}, all checked."""
+def folder_files(path, name, model, tok, meta, tensors):
+    """The files of the export folder but model.safetensors: {relative path: text or JSON value}, all checked.
+    tensors: the checkpoint's, where a fitted transform's are."""
     cfg, args, best = model.config, meta.get("args") or {}, meta.get("best") or {}
     bad = [k for k, t in {**model.state_dict(), **model.extra}.items() if not torch.isfinite(t).all()]
     if bad:
@@ -117,7 +121,7 @@ def folder_files(path, name, model, tok, meta):
     if st_pooling != pooling:
         print(f"warning: {path} is evaluated with {pooling} pooling, which sentence-transformers cannot express; its "
               f"1_Pooling is the last layer's mean instead (a different vector; the README says so)", file=sys.stderr)
-    dense, dense_files = whitening_dense(path, meta, pooling, st_pooling)
+    dense, dense_files = whitening_dense(path, meta, tensors, pooling, st_pooling)
     special = {f"{n}_token": t for n, t in [("unk", "[UNK]"), ("sep", "[SEP]"), ("pad", "[PAD]"), ("cls", "[CLS]"),
                                             ("mask", "[MASK]")] if tok.token_to_id(t) is not None}
     return {
@@ -146,7 +150,7 @@ def folder_files(path, name, model, tok, meta):
     }
 
 
-def whitening_dense(path, meta, pooling, st_pooling):
+def whitening_dense(path, meta, tensors, pooling, st_pooling):
     """A whitening checkpoint's y = (x - mu) W as sentence-transformers' Dense module after the pooling: weight W^T,
     bias -mu W, identity activation -> (its modules.json entry, its files); ([], {}) without a transform. A flow
     cannot be expressed: refused."""
@@ -160,8 +164,7 @@ def whitening_dense(path, meta, pooling, st_pooling):
         raise LoadError(f"{path}: its whitening was fitted on {pooling} vectors, which sentence-transformers cannot "
                         "pool; for an exportable whitening fit one on --pooling mean (or cls)")
     p = checkpoint.TRANSFORM_PREFIX
-    t = checkpoint.read_tensors(path)
-    mu, W = t[p + "mu"].double(), t[p + "W"].double()
+    mu, W = tensors[p + "mu"].double(), tensors[p + "W"].double()
     if not (torch.isfinite(mu).all() and torch.isfinite(W).all()):
         raise LoadError(f"{path}: its whitening (transform.mu / transform.W) holds NaN or inf; refusing to export it "
                         "as a Dense layer (fit it again: python train.py --loss whitening)")

@@ -18,8 +18,11 @@ Odd H (the code's tf.split needs even halves): the first floor(C/2) channels con
 import math
 import time
 
+import numpy as np
 import torch
 import torch.nn as nn
+
+import checkpoint
 
 # -----------------------------------------------------------------------------
 # whitening
@@ -263,3 +266,46 @@ def fit_flow(x, epochs=1, batch_size=64, lr=1e-3, weight_decay=0.01, clip=0.5, s
         raise ValueError(f"the flow diverged: non-finite {', '.join(bad[:2]) or 'loss'} after {step} steps at lr "
                          f"{lr:g}; lower the lr")
     return flow.eval(), {"steps": step, "losses": losses, "seconds": time.perf_counter() - t0}
+
+# -----------------------------------------------------------------------------
+# a fitted map, back from a checkpoint
+
+
+def make_transform(info, tensors):
+    """The fitted map a checkpoint records (metadata 'transform', its tensors without the prefix) as a function of the
+    pooled vectors, numpy (n, H) -> (n, K) float32."""
+    if info.get("kind") == "whitening":
+        shapes = {k: tuple(v.shape) for k, v in tensors.items()}
+        mu, W = tensors.get("mu"), tensors.get("W")
+        if set(shapes) != {"mu", "W"} or mu.ndim != 1 or W.ndim != 2 or W.shape[0] != len(mu) \
+                or W.shape[1] != info.get("dim", W.shape[1]):
+            raise ValueError(f"tensors {shapes}, not mu (H,) and W (H, {info.get('dim', 'K')})")
+        return lambda x: whiten(torch.from_numpy(x), mu, W).float().numpy()
+    if info.get("kind") == "flow":
+        flow = Glow.from_config(info["config"])
+        flow.load_state_dict(tensors)
+        flow.eval()
+
+        @torch.no_grad()
+        def apply(x):
+            return flow(torch.from_numpy(x).float())[0].numpy()
+        return apply
+    raise ValueError(f"unknown transform kind {info.get('kind')!r} (this sgbert knows whitening and flow)")
+
+
+def transform_of(ck, hidden_size):
+    """The fitted transform of what checkpoint.load read (None when it records none), rebuilt from its tensors and
+    tried on one vector of the model's width: a checkpoint.LoadError that names the file if it cannot be."""
+    info, p = ck.meta.get("transform"), checkpoint.TRANSFORM_PREFIX
+    if not info:
+        return None
+    tensors = {k[len(p):]: v for k, v in ck.tensors.items() if k.startswith(p)}
+    try:
+        if not all(torch.isfinite(v).all() for v in tensors.values()):
+            raise ValueError("its tensors hold NaN or inf")
+        transform = make_transform(info, tensors)
+        transform(np.zeros((1, hidden_size), np.float32))  # it takes the model's H-dim vectors
+        return transform
+    except (KeyError, RuntimeError, ValueError, TypeError, AttributeError) as e:
+        raise checkpoint.LoadError(f"{ck.path}: its {info.get('kind')} transform (metadata 'transform', tensors {p}*) "
+                                   f"cannot be rebuilt ({e}); was it written by this version of train.py?") from None

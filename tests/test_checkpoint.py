@@ -60,6 +60,30 @@ def test_same_model_and_meta_give_the_same_bytes(tiny_config, tmp_path):
     assert all(torch.equal(back.extra[k], v) for k, v in m.extra.items())
 
 
+def test_the_reader_reads_what_safetensors_writes(tmp_path):
+    """read_safetensors (one pass: tensors, metadata, sha256) against the safetensors library's own writer, every
+    dtype it reads, a scalar and an empty tensor; a cut or holed file is a LoadError, never a wrong tensor."""
+    from safetensors.torch import save_file
+    g = torch.Generator().manual_seed(0)
+    tensors = {f"t.{d}": (torch.randn(3, 5, generator=g) * 100).to(getattr(torch, d))
+               for d in ("float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool")}
+    tensors.update(scalar=torch.tensor(2.5), empty=torch.zeros(0, 4))
+    path = tmp_path / "x.safetensors"
+    save_file(tensors, str(path), metadata={"git": "abc", "args": '{"lam": 0.1}'})
+    got, meta, sha = checkpoint.read_safetensors(path)
+    assert got.keys() == tensors.keys() and meta == {"git": "abc", "args": {"lam": 0.1}}
+    for k, v in tensors.items():
+        assert got[k].dtype == v.dtype and got[k].shape == v.shape and torch.equal(got[k], v), k
+    assert sha == checkpoint.file_sha256(path) and checkpoint.read_safetensors(path, tensors=False) == ({}, meta, None)
+    raw = path.read_bytes()
+    path.write_bytes(raw[:-3])
+    with pytest.raises(LoadError, match="x.safetensors: not a valid safetensors file"):
+        checkpoint.read_safetensors(path)
+    path.write_bytes(raw + b"\0")  # a byte after the last tensor: the header does not describe this file
+    with pytest.raises(LoadError, match="not a valid safetensors file"):
+        checkpoint.read_safetensors(path)
+
+
 def test_interrupted_save_keeps_the_old_checkpoint(tiny_config, tmp_path, monkeypatch):
     path = tmp_path / "sg.safetensors"
     save_model(path, tiny_model(tiny_config), {})

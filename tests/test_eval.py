@@ -612,6 +612,33 @@ def test_a_well_formed_whitening_checkpoint_is_scored(tiny_model, tiny_data, tmp
     score = [evaluate.main(["--ckpt", str(c), *common])["sts"]["STS13"] for c in (ckpt, plain)]
     assert score[0] == score[1]  # the identity map: the plain checkpoint's numbers
 
+
+def test_one_evaluation_opens_the_checkpoint_once(tiny_model, tiny_data, tmp_path, monkeypatch):
+    """evaluate.py --ckpt reads its file once (checkpoint.load): model, tokenizer, transform, metadata and the
+    sha256 of the JSON all come from that one read. Every way to open it is counted: Python's open (our reader,
+    hashlib's file_sha256) and the safetensors library's own readers."""
+    import builtins
+    import io
+    import safetensors
+    import safetensors.torch
+    ckpt = whitened_ckpt(tiny_model, tmp_path / "c.safetensors", pooling="mean", method="whitening",
+                         args={"pooling": "mean"}, transform=WHITENING)
+    opened = []
+
+    def counting(real):
+        def opener(file, *args, **kwargs):
+            if isinstance(file, (str, os.PathLike)) and Path(file).resolve() == ckpt.resolve():
+                opened.append(real.__name__)
+            return real(file, *args, **kwargs)
+        return opener
+    monkeypatch.setattr(builtins, "open", counting(builtins.open))
+    monkeypatch.setattr(io, "open", counting(io.open))  # Path.open and Path.read_bytes
+    monkeypatch.setattr(safetensors, "safe_open", counting(safetensors.safe_open))
+    monkeypatch.setattr(safetensors.torch, "load_file", counting(safetensors.torch.load_file))
+    r = evaluate.main(["--ckpt", str(ckpt), "--data-dir", str(tiny_data[0]), "--tasks", "STS13", "--pooling", "mean"])
+    assert len(opened) == 1, opened
+    assert r["model_sha256"] == checkpoint.file_sha256(ckpt) and r["sts"]["STS13"]["all"] == r["sts"]["avg"]["all"]
+
 # -----------------------------------------------------------------------------
 # per-pair scores of your own pairs files (--pairs-out, the JSON's "pairs")
 

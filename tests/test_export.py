@@ -507,7 +507,8 @@ def test_what_sentence_transformers_cannot_express_is_refused(tiny_ckpt, tmp_pat
 def test_a_nan_whitening_is_not_exported(tiny_ckpt, tmp_path):
     path, m, tok = tiny_ckpt
     with_transform(path, m, tok, "mean")
-    tensors, meta = checkpoint.read_tensors(path), read_metadata(path)
+    ck = checkpoint.load(path)
+    tensors, meta = ck.tensors, ck.meta
     tensors["transform.W"] = torch.full_like(tensors["transform.W"], float("nan"))
     checkpoint.save_checkpoint(path, tensors, meta)
     r = cli(path, tmp_path / "out")

@@ -62,14 +62,14 @@ def test_written_folder_is_a_bert_for_masked_lm(minilm_path, text_file, weights)
     folder = weights / "tiny"
     assert record["sha256"]["model.safetensors"] == checkpoint.weights_sha256(folder)
     assert json.loads((folder / "pretrain.json").read_text())["sha256"] == record["sha256"]
-    keys = set(checkpoint.read_tensors(folder / "model.safetensors"))
+    keys = set(checkpoint.load(folder).tensors)
     assert all(k.startswith(("bert.", "cls.predictions.")) for k in keys) and "cls.predictions.bias" in keys
     cfg = json.loads((folder / "config.json").read_text())
     assert (cfg["hidden_dropout_prob"], cfg["max_position_embeddings"], cfg["vocab_size"]) == (0.1, 128, 30522)
     ours = bert.Bert.from_pretrained(folder).double()  # the BertForPreTraining key map: raises on any stray key
     head = pretrain.make_head(ours.config).double()
     head.load_state_dict({k.removeprefix("cls.predictions."): v for k, v in
-                          checkpoint.read_tensors(folder / "model.safetensors").items() if k.startswith("cls.")})
+                          checkpoint.load(folder).tensors.items() if k.startswith("cls.")})
     theirs = transformers.BertForMaskedLM.from_pretrained(str(folder), attn_implementation="eager").double().eval()
     tok = bert.load_tokenizer(folder)
     ids, mask = bert.batch_tensors(tok.encode_batch(["a man plays the guitar .", "hello", "the red dog runs in a park"]))
