@@ -10,12 +10,13 @@ divergence is a flag (see the README's "faithful to the code or to the paper" ta
 (yym6472/ConSERT). SimCSE: Gao et al., EMNLP 2021 (princeton-nlp/SimCSE). PromptBERT: Jiang et al., EMNLP 2022
 (kongds/Prompt-BERT; the templates and the denoising are in prompt.py).
 
-A method (methods.py) is which encoder makes each side of the contrast, from what input, pooled how, and which loss.
-SG-OPT: side 1 is c_i, BERT_T's last-layer [CLS]; side 2 the views h_ik of a frozen BERT_F, pooled from every hidden
-state k; one projection head f maps both. ConSERT and SimCSE: both sides are BERT_T, twice, with two augmentations or
-two dropout masks; PromptBERT: BERT_T's [MASK] vectors of the sentence inside two different templates. One step is the
-same few lines for every method: batch -> the two sides -> head -> loss -> backward -> (SG family) add the gradient of
-lam * ||BERT_T - BERT_F||^2 -> clip -> AdamW step -> lr from get_lr(step).
+A method (methods.py) is code: its two sides, which encoder makes each from what input, pooled how, its head and its
+loss. SG-OPT (methods.views_of_F, sg_loss.sg_opt): side 1 is c_i, BERT_T's last-layer [CLS]; side 2 the views h_ik of
+a frozen BERT_F, pooled from every hidden state k; one projection head f maps both. ConSERT and SimCSE (two_passes):
+both sides are BERT_T, twice, with two augmentations or two dropout masks; PromptBERT (prompt_pair): BERT_T's [MASK]
+vectors of the sentence inside two different templates. One step is the same few lines for every method (train_step):
+batch -> method.sides -> method.loss -> backward -> method.regulariser (SG family: the gradient of
+lam * ||BERT_T - BERT_F||^2) -> clip -> AdamW step -> lr from get_lr(step).
 The STS-B dev Spearman of BERT_T's sentence vector is measured at step 0, every --eval-every steps and at the last
 step; the best weights are what we save.
 
@@ -440,6 +441,7 @@ def fit_posthoc(cfg, device):
         held.push(lock.__exit__)
         t0 = time.time()
         dropout = cfg.loss == "flow" and cfg.dropout == "on"
+        torch.manual_seed(cfg.seed)  # the dropout masks: a function of --seed (torch's own first seed is random)
         print(f"encoding {len(sentences)} training sentences ({cfg.pooling}{', dropout on' if dropout else ''}) ...",
               flush=True)
         x = bert.encode(model.to(device), tokenizer, sentences, cfg.pooling, batch_size=cfg.eval_batch_size,
@@ -447,7 +449,7 @@ def fit_posthoc(cfg, device):
         kept = f"the previous {cfg.out} is kept" if Path(cfg.out).exists() else f"{cfg.out} is not written"
         tensors, info, stats = fit_map(cfg, x, kept)
         fit_seconds = time.time() - t0
-        transform = evaluate.make_transform(info, tensors)
+        transform = posthoc.make_transform(info, tensors)
         vectors = evaluate.sentence_vectors(model, evaluate.eval_tokenizer(tokenizer, model.config), cfg.eval_pooling,
                                             transform=transform, batch_size=cfg.eval_batch_size)
         dev = evaluate.stsb_spearman(vectors, data_dir, "dev")
@@ -463,7 +465,9 @@ def fit_posthoc(cfg, device):
             die(f"cannot write {cfg.out} ({e.strerror or e}); {kept}")
         print(f"{cfg.loss} fitted on {len(sentences)} sentences in {fit_seconds:.1f} s | STS-B dev {dev:.2f} | "
               f"written to {cfg.out}")
-    model, transform = evaluate.load_with_transform(cfg.out, device)  # what evaluate.py --ckpt will see
+    ck = checkpoint.load(cfg.out)  # what evaluate.py --ckpt will see, read back once
+    model = bert.Bert.from_checkpoint(ck).to(device)
+    transform = posthoc.transform_of(ck, model.config.hidden_size)
     result = final_report(cfg, model, tokenizer, data_dir, meta["best"], device, transform)
     result.update(steps=stats["steps"], losses=stats["losses"], wall_seconds=time.time() - t0, stop=None,
                   fit_seconds=fit_seconds, ms_per_step=1000 * stats.get("seconds", 0.0) / max(stats["steps"], 1))

@@ -507,6 +507,14 @@ def test_flow_trains_only_the_flow_and_evaluate_applies_it(world):
     assert table["sts"]["STSBenchmark"]["all"] == pytest.approx(result["test"], abs=1e-9)
 
 
+def test_a_flow_is_a_function_of_its_seed(world):
+    """BERT's dropout while it makes the vectors the flow is fitted on draws from --seed, not from the global RNG's
+    state (torch's first seed is random per process): the same run twice fits the same flow."""
+    runs = [fit(world, "flow", "--batch-size", "8", "--max-steps", "2", "--log-every", "1", "--overwrite")
+            for _ in range(2)]
+    assert runs[0]["losses"] == runs[1]["losses"] and runs[0]["dev"] == runs[1]["dev"]
+
+
 @pytest.mark.parametrize("loss,flags,message", [
     ("whitening", ["--lam", "0.1"], "--lam means nothing for --loss whitening"),
     ("whitening", ["--lr", "1e-3"], "--lr means nothing for --loss whitening"),
