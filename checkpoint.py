@@ -181,15 +181,8 @@ def check_download(url, path):
         if path.suffix == ".json":
             json.loads(path.read_bytes())
         elif path.suffix == ".safetensors":
-            size = path.stat().st_size
             with open(path, "rb") as f:
-                n = int.from_bytes(f.read(8), "little")
-                if not 2 <= n <= size - 8:
-                    raise ValueError(f"header size {n} in a file of {size} bytes")
-                header = json.loads(f.read(n))
-            ends = [v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"]
-            if max(ends, default=0) != size - 8 - n:
-                raise ValueError(f"its tensors end at byte {max(ends, default=0)} of {size - 8 - n}")
+                safetensors_header(f)
     except (ValueError, TypeError, KeyError, IndexError, AttributeError) as e:  # JSONDecodeError is a ValueError
         raise BadDownload(f"{url}: not a valid {path.suffix[1:]} file ({e})") from None
 
@@ -248,36 +241,46 @@ def read_safetensors(path, tensors=True):
     sha256 of the file's bytes); tensors=False reads the header alone: ({}, metadata, None). Each tensor is read
     straight into its own storage, in file order, the hash following along: one open, one read, no copy."""
     import hashlib
-    import torch
     try:
         with open(path, "rb") as f:
-            size, head = os.fstat(f.fileno()).st_size, f.read(8)
-            n = int.from_bytes(head, "little")
-            if len(head) < 8 or not 2 <= n <= size - 8:
-                raise ValueError(f"header size {n} in a file of {size} bytes")
-            header_bytes = f.read(n)
-            header = json.loads(header_bytes)
-            meta = header.pop("__metadata__", None) or {}
-            if not tensors:
-                return {}, decode_metadata(path, meta), None
-            out, end, h = {}, 0, hashlib.sha256(head + header_bytes)
-            for k, v in sorted(header.items(), key=lambda kv: kv[1]["data_offsets"]):
-                if v["dtype"] not in ST_DTYPES:
-                    raise ValueError(f"{k}: dtype {v['dtype']} is none of {', '.join(ST_DTYPES)}")
-                t = torch.empty(v["shape"], dtype=getattr(torch, ST_DTYPES[v["dtype"]]))
-                if v["data_offsets"] != [end, end + t.numel() * t.element_size()]:
-                    raise ValueError(f"{k}: bytes {v['data_offsets']} are not the {list(t.shape)} {v['dtype']} "
-                                     f"tensor that follows byte {end} (the format has no holes)")
+            head, meta, layout = safetensors_header(f)
+            out, h = {}, hashlib.sha256(head)
+            if tensors:
+                import torch  # here: the header alone (read_metadata) needs no torch
+            for k, dtype, shape in layout if tensors else ():
+                t = torch.empty(shape, dtype=getattr(torch, ST_DTYPES[dtype][0]))
                 buf = t.reshape(-1).view(torch.uint8).numpy()  # the tensor's own memory, as bytes
                 if f.readinto(buf) != len(buf):
                     raise ValueError(f"{k}: the file ends inside it")
                 h.update(buf)
-                out[k], end = t, v["data_offsets"][1]
-            if 8 + n + end != size:
-                raise ValueError(f"its tensors end at byte {8 + n + end} of {size}")
+                out[k] = t
     except (OSError, ValueError, TypeError, KeyError, IndexError, AttributeError, RuntimeError) as e:
         raise LoadError(f"{path}: not a valid safetensors file ({e}); re-download or re-create it") from None
-    return out, decode_metadata(path, meta), h.hexdigest()
+    return out, decode_metadata(path, meta), h.hexdigest() if tensors else None
+
+
+def safetensors_header(f):
+    """The header of an open .safetensors file (8-byte little-endian size, then JSON), checked against the file:
+    (its bytes, the metadata, [(key, dtype, shape)] in file order). ValueError unless it describes exactly the
+    bytes that follow (the format has no holes)."""
+    size, head = os.fstat(f.fileno()).st_size, f.read(8)
+    n = int.from_bytes(head, "little")
+    if len(head) < 8 or not 2 <= n <= size - 8:
+        raise ValueError(f"header size {n} in a file of {size} bytes")
+    head += f.read(n)
+    header = json.loads(head[8:])
+    meta, end, layout = header.pop("__metadata__", None) or {}, 0, []
+    for k, v in sorted(header.items(), key=lambda kv: kv[1]["data_offsets"]):
+        if v["dtype"] not in ST_DTYPES:
+            raise ValueError(f"{k}: dtype {v['dtype']} is none of {', '.join(ST_DTYPES)}")
+        nbytes = math.prod(v["shape"]) * ST_DTYPES[v["dtype"]][1]
+        if v["data_offsets"] != [end, end + nbytes]:
+            raise ValueError(f"{k}: bytes {v['data_offsets']}, not the {nbytes} that follow byte {end}")
+        layout.append((k, v["dtype"], v["shape"]))
+        end += nbytes
+    if 8 + n + end != size:
+        raise ValueError(f"its tensors end at byte {end} of the {size - 8 - n} after the header")
+    return head, meta, layout
 
 
 def decode_metadata(path, meta):
@@ -312,7 +315,7 @@ def write_safetensors(f, tensors, meta):
     writer orders the metadata by a hash map whose seed changes per run; here every order is fixed, so the same
     tensors and metadata always give the same bytes."""
     import torch  # here, not at the top: the sweep and report commands import this file and need no torch
-    st_name = {getattr(torch, v): k for k, v in ST_DTYPES.items()}
+    st_name = {getattr(torch, v[0]): k for k, v in ST_DTYPES.items()}
     names = sorted(tensors, key=lambda k: (-tensors[k].element_size(), k))  # widest dtype first keeps data aligned
     header, start = {"__metadata__": dict(sorted(meta.items()))}, 0
     for k in names:
@@ -327,8 +330,9 @@ def write_safetensors(f, tensors, meta):
         f.write(tensors[k].reshape(-1).view(torch.uint8).numpy())
 
 
-ST_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16",  # safetensors' names: torch's
-             "I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool"}
+ST_DTYPES = {"F64": ("float64", 8), "F32": ("float32", 4), "F16": ("float16", 2), "BF16": ("bfloat16", 2),  # name:
+             "I64": ("int64", 8), "I32": ("int32", 4), "I16": ("int16", 2), "I8": ("int8", 1), "U8": ("uint8", 1),
+             "BOOL": ("bool", 1)}  # torch's name and bytes per element, of each safetensors dtype sgbert reads
 
 
 def check_checkpoint_path(path, write=False):

@@ -109,7 +109,6 @@ import transfer
 import wk
 from cli import die
 from data import DataError, load_pairs_file, load_stsb, load_task, resolve_data_dir
-from posthoc import make_transform  # noqa: F401  (its home is posthoc.py; train.py still names evaluate.make_transform)
 
 assert POOLING_CHOICES == (*bert.POOLINGS, "wk", "prompt"), f"POOLING_CHOICES is out of date: {bert.POOLINGS}"
 assert TRANSFER_CONFIG_NAMES == tuple(transfer.TRANSFER_CONFIGS), f"out of date: {list(transfer.TRANSFER_CONFIGS)}"
