@@ -2,8 +2,7 @@
 The disk: model folders and the hub, safetensors checkpoints and their metadata schema, atomic writes, one writer
 per output.
 
-Floor 1: it imports only cli.py (die, re-exported here for the callers that name checkpoint.die), and every project
-module reads and writes files through it. Nothing here
+Floor 1: it imports no project module, and every project module reads and writes files through it. Nothing here
 knows what a BERT is: a checkpoint is named tensors plus the metadata below, and bert.py maps them to a model.
 """
 import glob
@@ -19,8 +18,6 @@ import urllib.request
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-
-from cli import die  # noqa: F401  (callers use checkpoint.die; its home is cli.py)
 
 WEIGHTS = Path(os.environ.get("SG_WEIGHTS") or Path(__file__).resolve().parent / "weights")
 HF_ENDPOINT = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
