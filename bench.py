@@ -931,7 +931,7 @@ def bench_pretrain(results, args):
         ref_loss = ref(input_ids=inputs, attention_mask=mask, labels=full_labels[0]).loss.item()
     assert abs(ours_loss - ref_loss) < 1e-4 * max(1.0, abs(ref_loss)), (ours_loss, ref_loss)
     # (!!) the batches are length-bucketed (pretrain.epoch_batches), so their step times differ by x10: time a whole
-    # pass over them and divide its tokens by it (a median step time over mean tokens overstates tokens/s by x2.5)
+    # pass over them and divide its tokens by it (a median step time over mean tokens overstated tokens/s x2.4)
     tokens = sum(int(b[1].sum()) for b in batches)
 
     def run_ours():
