@@ -29,7 +29,9 @@ and is skipped. Shared rules, so that ratios mean something:
            WK at 14x mean pooling's time), and vs the SBERT-WK code's per-sentence, per-token numpy loop (reference.py)
   pretrain pretrain.py's masked-LM step (BERT-Mini, packed, decoder at the masked rows, fused AdamW) vs transformers'
            BertForMaskedLM + torch AdamW on the same batches and masks: tokens per second
-  gpu      (by name only) every GPU check in one command: tests/test_cuda.py, encoder/step/precision/pretrain on
+  compile  (by name only) torch.compile of the encoder's layers vs eager: STS-B encoding (varying shapes), a fixed
+           shape, train.py's SG-OPT step, pretrain.py's step; compilation time and the calls it takes to pay back
+  gpu      (by name only) every GPU check in one command: tests/test_cuda.py, encoder/step/precision/pretrain/compile on
            cuda, the bert-base-shaped epoch in fp32 and bf16, MiniLM SG-OPT fp32 vs bf16 (7 tasks); results/gpu/
   epoch    (by name only) train.py for one epoch of SG-OPT with a bert-base-shaped model of random weights,
            dev evaluations included: the paper's Table 6 (455 s on a Titan Xp); --epoch-steps N to cap and extrapolate
@@ -62,8 +64,8 @@ from cli import at_least, die
 # the command line, parsed before the heavy imports
 
 SECTION_NAMES = ("loss", "encoder", "step", "precision", "ddp", "memory", "sts", "wk", "transfer", "epoch", "pretrain",
-                 "gpu")  # SECTIONS' keys (checked at the bottom)
-DEFAULT = [s for s in SECTION_NAMES if s not in ("epoch", "gpu")]  # an hour on a CPU / a GPU's: asked for by name
+                 "compile", "gpu")  # SECTIONS' keys (checked at the bottom)
+DEFAULT = [s for s in SECTION_NAMES if s not in ("epoch", "compile", "gpu")]  # long, or a GPU's: asked for by name
 POOLINGS = ("cls", "mean", "max", "first-last", "last2")  # bert.POOLINGS (checked below)
 
 
@@ -86,7 +88,7 @@ def get_args(argv=None):
     a, n = ap.add_argument, at_least
     a("--json", help="also write the results to this JSON file")
     a("--only", type=names_of(SECTION_NAMES, "section"), default=DEFAULT,
-      help=f"comma-separated sections out of {','.join(SECTION_NAMES)} (default: all but epoch and gpu)")
+      help=f"comma-separated sections out of {','.join(SECTION_NAMES)} (default: all but epoch, compile and gpu)")
     a("--repeats", type=n(1), default=7, help="timed runs per contender (medians are reported; default: %(default)s)")
     a("--device", default="auto", choices=["auto", "cpu", "cuda"],
       help="device of the encoder, step, wk and sts sections (auto: cuda when available); loss is CPU only")
@@ -961,6 +963,123 @@ def bench_pretrain(results, args):
                                batches=len(batches), timed="median of whole passes over the batches")
 
 # -----------------------------------------------------------------------------
+# compile: torch.compile of the encoder against eager, on the three workloads users wait for
+
+
+def compile_layers(model):
+    """Compile each transformer layer in place (inductor, dynamic shapes; state_dict keys unchanged). The layers,
+    not the whole model: Bert.forward's packing (the nonzero of the mask) is data-dependent and breaks the graph."""
+    for layer in model.encoder.layer:
+        layer.compile(dynamic=True)
+    return model
+
+
+def compiled_vs_eager(fns, repeats, sync):
+    """fns {"eager", "compiled"} -> first call of the compiled one (compilation included), then both alternating:
+    {first_s, eager_s, compiled_s, speedup, compile_s (first call minus a steady one), break_even_calls}."""
+    sync = sync or (lambda: None)
+    torch._dynamo.reset()  # compile from scratch: no graph of an earlier workload is reused or counted
+    torch._dynamo.utils.counters.clear()
+    sync(); t0 = time.perf_counter()
+    fns["compiled"]()
+    sync(); first = time.perf_counter() - t0
+    secs = time_alternating(fns, repeats=repeats, sync=sync)
+    gain, extra = secs["eager"] - secs["compiled"], first - secs["compiled"]
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]  # every variant compiled, recompiles included
+    return dict(first_s=first, eager_s=secs["eager"], compiled_s=secs["compiled"], speedup=secs["eager"] /
+                secs["compiled"], compile_s=extra, break_even_calls=extra / gain if gain > 0 else None, graphs=graphs)
+
+
+def bench_compile(results, args):
+    """torch.compile (each layer, inductor, dynamic shapes) vs eager, side by side, on: the STS-B test sentences
+    encoded as evaluate.py does (length-sorted batches of 64: a new shape almost every batch), one fixed 64 x 32
+    batch, train.py's SG-OPT step (BERT_F and BERT_T compiled; checked equal with dropout off, timed with it on, as
+    train.py runs) and pretrain.py's masked-LM step. Each: the compilation (its first call minus a steady one), the
+    steady ratio, and the number of calls after which the compilation has paid for itself."""
+    path, data_dir, why = step_setting(args)
+    if why or data_dir is None:
+        return skip(results, "compile", why or "no data folder: set SG_DATA or --data-dir")
+    device = get_device(args)
+    import shutil
+    if device.type == "cpu" and not any(shutil.which(c) for c in ("g++", "c++", "clang++")):
+        return skip(results, "compile", "no C++ compiler on PATH (torch.compile's CPU code is compiled C++)")
+    sync, rows = cuda_sync(device), {}
+    # (!!) every layer instance, grad mode and train/eval mode is its own compiled variant of Layer.forward; past
+    # dynamo's default limit of 8 the rest would silently run eager
+    torch._dynamo.config.recompile_limit = torch._dynamo.config.accumulated_recompile_limit = 1024
+    torch._inductor.config.force_disable_caches = True  # a cold compilation, as a user's first run pays it
+
+    def report(name, r, what, err):
+        be = "never" if r["break_even_calls"] is None else f"after {r['break_even_calls']:.0f} calls"
+        print(f"  {name:22s} eager {1e3 * r['eager_s']:9.1f} ms   compiled {1e3 * r['compiled_s']:9.1f} ms   "
+              f"x{r['speedup']:.2f}   compilation {r['compile_s']:5.1f} s ({r['graphs']} graphs), paid back {be}   ({what}; max |diff| "
+              f"{err:.1e})")
+        rows[name] = dict(r, what=what, max_abs_diff=err)
+
+    # inference: evaluate.py's STS encoding, and one fixed shape
+    tok = bert.load_tokenizer(path)
+    eager, comp = (bert.Bert.from_pretrained(path).to(device).eval() for _ in range(2))
+    compile_layers(comp)
+    task = data.load_task("STSBenchmark", data_dir)
+    sents = list(dict.fromkeys(s for a, b, _ in task.values() for s in a + b))
+    fns = {k: partial(bert.encode, m, tok, sents, batch_size=64) for k, m in (("eager", eager), ("compiled", comp))}
+    r = compiled_vs_eager(fns, args.repeats, sync)
+    err = float(np.abs(fns["eager"]() - fns["compiled"]()).max())
+    report("STS-B test encoding", r, f"{len(sents)} sentences, [CLS], batches of 64, each its own length", err)
+    ids, mask = (x.to(device) for x in random_batch(64, 32, eager.config.vocab_size, padded=False))
+    fns = {k: partial(torch.inference_mode()(m), ids, mask) for k, m in (("eager", eager), ("compiled", comp))}
+    r = compiled_vs_eager(fns, args.repeats, sync)
+    err = max((a - b).abs().max().item() for a, b in zip(fns["eager"](), fns["compiled"]()))
+    report("fixed 64 x 32 forward", r, "one shape, all 7 hidden states", err)
+    del eager, comp
+
+    # train.py's SG-OPT step: the same numbers with dropout off, then the timing with dropout on
+    kw = dict(path=path, data_dir=data_dir, batch_size=16, device=str(device))
+    losses = {}
+    for k in ("eager", "compiled"):
+        run = make_step_run("sgbert", dropout=False, steps=2, **kw)
+        if k == "compiled":
+            compile_layers(run.run.bert_F), compile_layers(run.run.bert_T)
+        losses[k] = run()[0].item()
+    err = abs(losses["eager"] - losses["compiled"])
+    fns = {k: make_step_run("sgbert", **kw) for k in ("eager", "compiled")}
+    compile_layers(fns["compiled"].run.bert_F), compile_layers(fns["compiled"].run.bert_T)
+    r = compiled_vs_eager(fns, args.repeats, sync)
+    report("SG-OPT step", r, "train.py's step, batch 16 of STS-B, dropout on; diff: the 2nd step's loss, dropout off",
+           err)
+    del fns
+
+    # pretrain.py's step (BERT-Mini, dropout 0 as pretrain.py's default): two builds from the same seed
+    import pretrain
+    pargs = pretrain.get_args(["--tokenizer", str(path), "--steps", "100", "--device", device.type,
+                               "--data-dir", str(data_dir)])
+    prun, _ = pretrain.prepare(pargs)
+    batches = [pretrain.step_batch(prun, prun["order"].batch(i), prun["order"].generator(i)) for i in range(8)]
+    sides = {}
+    for k in ("eager", "compiled"):
+        model, head, opt = pretrain.build(pargs, prun["vocab_size"])
+        if k == "compiled":
+            compile_layers(model)
+        tracked = [p for g in opt.param_groups for p in g["params"]]
+        sides[k] = (model, head, opt, tracked)
+    with torch.no_grad():
+        inputs, m, rws, _ = batches[0]
+        err = max((pretrain.mlm_logits(*sides["eager"][:2], inputs, m, rws) -
+                   pretrain.mlm_logits(*sides["compiled"][:2], inputs, m, rws)).abs().max().item(), 0.0)
+
+    def pass_of(side):
+        model, head, opt, tracked = side
+        for batch in batches:
+            pretrain.mlm_step(model, head, opt, tracked, batch, 1e-4, pargs.clip)
+    r = compiled_vs_eager({k: partial(pass_of, side) for k, side in sides.items()}, args.repeats, sync)
+    report("pretraining, 8 steps", r, f"BERT-Mini, {pargs.batch_size} sentences a step, length-bucketed; diff: "
+           "the MLM logits before training", err)
+    print(f"  ({device}, fp32, {torch.get_num_threads()} threads, median of {args.repeats} alternating runs; "
+          "speedup = eager / compiled; compilation = the compiled side's first call minus its steady time)")
+    results["compile"] = dict(device=str(device), threads=torch.get_num_threads(), rows=rows)
+
+
+# -----------------------------------------------------------------------------
 # gpu: every GPU check of the project in one command (a GPU machine is lent to few sessions, for little time)
 
 
@@ -984,7 +1103,7 @@ def bench_gpu(results, args):
     gpu["test_cuda"] = dict(exit=p.returncode, summary=(p.stdout.strip().splitlines() or ["(no output)"])[-1])
     print(f"  tests/test_cuda.py: {gpu['test_cuda']['summary']} (exit {p.returncode})")
     args.device = "cuda"
-    for section in ("encoder", "step", "precision", "pretrain"):
+    for section in ("encoder", "step", "precision", "pretrain", "compile"):
         print(f"  -- {section}")
         try:
             SECTIONS[section](results, args)
@@ -1035,7 +1154,7 @@ def save(results, args):
 CASES = {"loss": make_loss_run, "step": make_step_run}  # factories of a zero-argument run, for peak_rss_mb's child
 SECTIONS = {"loss": bench_loss, "encoder": bench_encoder, "step": bench_step, "precision": bench_precision,
             "ddp": bench_ddp, "memory": bench_memory, "sts": bench_sts, "wk": bench_wk, "transfer": bench_transfer,
-            "epoch": bench_epoch, "pretrain": bench_pretrain, "gpu": bench_gpu}
+            "epoch": bench_epoch, "pretrain": bench_pretrain, "compile": bench_compile, "gpu": bench_gpu}
 assert tuple(SECTIONS) == SECTION_NAMES, f"SECTION_NAMES is out of date: {list(SECTIONS)}"
 
 

@@ -124,3 +124,29 @@ def test_no_module_imports_the_regulariser_by_name():
                 if names & {"add_weight_distance_grad_", "*"}:
                     offenders.append(f"{path.name}:{node.lineno}")
     assert not offenders, f"import sg_loss and call sg_loss.add_weight_distance_grad_ instead: {offenders}"
+
+
+@pytest.mark.skipif(not any(__import__("shutil").which(c) for c in ("g++", "c++", "clang++")),
+                    reason="torch.compile's CPU code needs a C++ compiler")
+def test_compiled_layers_compute_what_eager_does(tiny_folder):
+    """bench's compile section: layers compiled in place (dynamic shapes) keep the checkpoint's keys and give the
+    eager encoder's hidden states, packed (padding) and unpacked (none), and the same gradients in a training step."""
+    import bert
+    torch.manual_seed(0)
+    eager = bert.Bert.from_pretrained(tiny_folder).train(False)
+    comp = bench.compile_layers(bert.Bert.from_pretrained(tiny_folder).train(False))
+    assert list(comp.state_dict()) == list(eager.state_dict())
+    for T, padded in ((9, True), (13, True), (7, False)):
+        ids = torch.randint(5, eager.config.vocab_size, (3, T))
+        mask = torch.ones(3, T, dtype=torch.long)
+        if padded:
+            mask[1, T // 2:] = mask[2, T - 2:] = 0
+        ids = ids * mask
+        for a, b in zip(eager(ids, mask), comp(ids, mask)):
+            torch.testing.assert_close(b * mask[..., None], a * mask[..., None], rtol=1e-5, atol=1e-5)
+    grads = []
+    for m in (eager, comp):
+        sum(h.pow(2).mean() for h in m(ids, mask)).backward()
+        grads.append([p.grad for p in m.parameters()])
+    for a, b in zip(*grads):
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-6)
