@@ -1083,11 +1083,15 @@ def bench_compile(results, args):
 # gpu: every GPU check of the project in one command (a GPU machine is lent to few sessions, for little time)
 
 
+GPU_RECORDS = Path(__file__).resolve().parent / "results" / "gpu"
+
+
 def bench_gpu(results, args):
     """On a CUDA machine, in about 10 minutes: tests/test_cuda.py; the encoder, step, precision and pretrain ratios on
     the GPU; the bert-base-shaped SG-OPT epoch in fp32 and in bf16 (the paper's 455 s on a Titan Xp); all-MiniLM-L6-v2
-    trained with SG-OPT (seed 1, full recipe) in fp32 and in bf16, the 7-task table of each. Writes
-    results/gpu/<device>-<date>.json with the device, torch and CUDA versions. Without CUDA: one line, nothing run."""
+    trained with SG-OPT (seed 1, full recipe) in fp32 and in bf16, the 7-task table of each; last, torch.compile vs
+    eager. Writes results/gpu/<device>-<date>.json with the device, torch and CUDA versions, after every check (a run
+    stopped at a time limit keeps what it finished). Without CUDA: one line, nothing run."""
     if not torch.cuda.is_available():
         print("  no CUDA device visible to torch: the GPU checks need one, so nothing was run")
         results["gpu"] = None
@@ -1097,25 +1101,38 @@ def bench_gpu(results, args):
     root, t0 = Path(__file__).resolve().parent, time.perf_counter()
     name = torch.cuda.get_device_name()
     gpu = dict(device=name, torch=torch.__version__, cuda=torch.version.cuda, date=datetime.date.today().isoformat())
-    print(f"  {name} | torch {torch.__version__} | CUDA {torch.version.cuda}")
+    dest = GPU_RECORDS / f"{re.sub(r'[^A-Za-z0-9]+', '-', name).strip('-')}-{gpu['date']}.json"
+    dest.parent.mkdir(parents=True, exist_ok=True)
+
+    def keep():
+        gpu["seconds"] = time.perf_counter() - t0
+        checkpoint.write_json(dest, gpu)
+
+    print(f"  {name} | torch {torch.__version__} | CUDA {torch.version.cuda} | record: {dest}")
     p = subprocess.run([sys.executable, "-m", "pytest", "-q", "tests/test_cuda.py"], cwd=root, capture_output=True,
                        text=True)
     gpu["test_cuda"] = dict(exit=p.returncode, summary=(p.stdout.strip().splitlines() or ["(no output)"])[-1])
     print(f"  tests/test_cuda.py: {gpu['test_cuda']['summary']} (exit {p.returncode})")
+    keep()
     args.device = "cuda"
-    for section in ("encoder", "step", "precision", "pretrain", "compile"):
-        print(f"  -- {section}")
+
+    def section(name):
+        print(f"  -- {name}")
         try:
-            SECTIONS[section](results, args)
-            gpu[section] = results.get(section)
+            SECTIONS[name](results, args)
+            gpu[name] = results.get(name)
         except Exception as e:  # one failing check must not cost the others: the record names it
-            gpu[section] = {"error": f"{type(e).__name__}: {e}"}
-            print(f"  {section} failed: {gpu[section]['error']}")
+            gpu[name] = {"error": f"{type(e).__name__}: {e}"}
+            print(f"  {name} failed: {gpu[name]['error']}")
+        keep()
+    for name in ("encoder", "step", "precision", "pretrain"):
+        section(name)
     for precision in ("fp32", "bf16"):
         print(f"  -- epoch, {precision}")
         args.epoch_precision, args.epoch_steps = precision, 0
         bench_epoch(results, args)
         gpu[f"epoch_{precision}"] = results.pop("epoch", None)
+        keep()
     path, data_dir, why = step_setting(args)
     gpu["minilm_sg_opt"] = {}
     for precision in ([] if why else ["fp32", "bf16"]):
@@ -1131,11 +1148,9 @@ def bench_gpu(results, args):
                                                best_step=r.get("best_step"))
         print(f"  MiniLM SG-OPT seed 1, {precision}: 7-task avg {sts['avg']} (exit {p.returncode}, "
               f"{r.get('wall_seconds', float('nan')):.0f} s)")
-    gpu["seconds"] = time.perf_counter() - t0
-    dest = root / "results" / "gpu" / f"{re.sub(r'[^A-Za-z0-9]+', '-', name).strip('-')}-{gpu['date']}.json"
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    checkpoint.write_json(dest, gpu)
-    print(f"  all GPU checks in {gpu['seconds'] / 60:.1f} min; record: {dest.relative_to(root)}")
+        keep()
+    section("compile")  # last: its cold compilations take minutes, and the checks above matter more
+    print(f"  all GPU checks in {gpu['seconds'] / 60:.1f} min; record: {dest}")
     results["gpu"] = gpu
 
 

@@ -150,3 +150,35 @@ def test_compiled_layers_compute_what_eager_does(tiny_folder):
         grads.append([p.grad for p in m.parameters()])
     for a, b in zip(*grads):
         torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-6)
+
+
+def test_gpu_checks_keep_their_record_after_every_check(tmp_path, monkeypatch):
+    """A GPU is lent for minutes: a run stopped at its time limit must leave the checks it finished on disk, and one
+    failing check is recorded as its error while the others run. CUDA, the tests and the sections are stand-ins."""
+    import types
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Fake GPU 80GB")
+    monkeypatch.setattr(bench, "GPU_RECORDS", tmp_path)
+    monkeypatch.setattr(bench.subprocess, "run", lambda *a, **k: types.SimpleNamespace(returncode=0,
+                                                                                        stdout="3 passed in 1.0s\n"))
+    monkeypatch.setattr(bench, "step_setting", lambda args: (None, None, "no MiniLM here"))
+
+    def fill(name):
+        def section(results, args):
+            if name == "step":
+                raise RuntimeError("CUDA error: out of memory")
+            if name == "compile":
+                raise KeyboardInterrupt  # the time limit
+            results[name] = {"ran": name, "device": args.device}
+        return section
+    monkeypatch.setattr(bench, "SECTIONS", {n: fill(n) for n in bench.SECTION_NAMES})
+    monkeypatch.setattr(bench, "bench_epoch", lambda results, args: results.update(epoch={"precision": args.epoch_precision}))
+    with pytest.raises(KeyboardInterrupt):
+        bench.bench_gpu({}, types.SimpleNamespace(device="auto"))
+    [record] = tmp_path.glob("Fake-GPU-80GB-*.json")
+    got = json.loads(record.read_text())
+    assert got["device"] == "Fake GPU 80GB" and got["test_cuda"] == {"exit": 0, "summary": "3 passed in 1.0s"}
+    assert got["encoder"] == {"ran": "encoder", "device": "cuda"} and got["pretrain"]["ran"] == "pretrain"
+    assert got["step"] == {"error": "RuntimeError: CUDA error: out of memory"}
+    assert got["epoch_fp32"] == {"precision": "fp32"} and got["epoch_bf16"] == {"precision": "bf16"}
+    assert "compile" not in got and got["seconds"] >= 0
