@@ -1012,8 +1012,8 @@ def bench_compile(results, args):
     def report(name, r, what, err):
         be = "never" if r["break_even_calls"] is None else f"after {r['break_even_calls']:.0f} calls"
         print(f"  {name:22s} eager {1e3 * r['eager_s']:9.1f} ms   compiled {1e3 * r['compiled_s']:9.1f} ms   "
-              f"x{r['speedup']:.2f}   compilation {r['compile_s']:5.1f} s ({r['graphs']} graphs), paid back {be}   ({what}; max |diff| "
-              f"{err:.1e})")
+              f"x{r['speedup']:.2f}   compilation {r['compile_s']:5.1f} s ({r['graphs']} graphs), paid back {be}   "
+              f"({what}; max |diff| {err:.1e})")
         rows[name] = dict(r, what=what, max_abs_diff=err)
 
     # inference: evaluate.py's STS encoding, and one fixed shape
