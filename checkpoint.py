@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import sys
+import tempfile
 import urllib.error
 import urllib.request
 from contextlib import contextmanager
@@ -348,8 +349,8 @@ def check_checkpoint_path(path, write=False):
         problem = "not found"
     elif write and not target.parent.is_dir():
         problem = f"{link or 'is '}in a folder that does not exist ({target.parent})"
-    elif write and not os.access(target.parent, os.W_OK):
-        problem = f"{link or 'is '}in a folder we cannot write to ({target.parent})"
+    elif write and (why := cannot_write(target.parent)) is not None:
+        problem = f"{link or 'is '}in a folder we cannot write to ({target.parent}{why})"
     else:
         return p
     raise LoadError(f"checkpoint path '{path}' {problem}")
@@ -406,11 +407,25 @@ def check_output(path, suffix):
         problem = f"is not a file name ending in {suffix}"
     elif not folder.is_dir():
         problem = f"is in a folder that does not exist ({folder})"
-    elif not os.access(folder, os.W_OK):
-        problem = f"is in a folder we cannot write to ({folder})"
+    elif (why := cannot_write(folder)) is not None:
+        problem = f"is in a folder we cannot write to ({folder}{why})"
     else:
         return p
     raise LoadError(f"{path} {problem}")
+
+
+def cannot_write(folder):
+    """Why no new file can be made in folder ('' when access() says so; ': <reason>' when a real try fails), or
+    None when it can. access() passes for root, and on file systems that refuse new files anyway (/proc): try one."""
+    if not os.access(folder, os.W_OK):
+        return ""
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".sgbert-", suffix=".probe", dir=folder)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        return f": {e.strerror or e}"
+    return None
 
 # -----------------------------------------------------------------------------
 # one process per output, and what killed runs leave behind

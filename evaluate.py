@@ -603,12 +603,15 @@ def main(argv=None):
     except DataError as e:
         die(e)
     report(args, results, name, device)
-    if args.pairs_out:
-        write_pairs(args.pairs_out, results["pairs"])
-        print(f"{len(results['pairs'])} pairs with their cosines written to {args.pairs_out}")
-    if args.json:
-        checkpoint.write_json(args.json, results)
-        print(f"results written to {args.json}")
+    try:  # checked writable up front; what can still fail here is e.g. a full disk (the writes are atomic)
+        if args.pairs_out:
+            write_pairs(args.pairs_out, results["pairs"])
+            print(f"{len(results['pairs'])} pairs with their cosines written to {args.pairs_out}")
+        if args.json:
+            checkpoint.write_json(args.json, results)
+            print(f"results written to {args.json}")
+    except OSError as e:
+        die(f"cannot write {e.filename or args.json} ({e.strerror or e}); the results above were not saved", code=1)
     return results
 
 

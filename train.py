@@ -384,8 +384,7 @@ def finish(run, keeper, stop, stats):
     result = final_report(run.cfg, model, run.tokenizer, run.data_dir, keeper.best, run.device)
     result.update(steps=step, losses=stats["history"], wall_seconds=wall, stop=stop,
                   ms_per_step=1000 * stats["train_seconds"] / max(step, 1))
-    if run.cfg.json:
-        checkpoint.write_json(run.cfg.json, result)
+    write_result(run.cfg.json, result)
     return result
 
 
@@ -471,9 +470,19 @@ def fit_posthoc(cfg, device):
     result = final_report(cfg, model, tokenizer, data_dir, meta["best"], device, transform)
     result.update(steps=stats["steps"], losses=stats["losses"], wall_seconds=time.time() - t0, stop=None,
                   fit_seconds=fit_seconds, ms_per_step=1000 * stats.get("seconds", 0.0) / max(stats["steps"], 1))
-    if cfg.json:
-        checkpoint.write_json(cfg.json, result)
+    write_result(cfg.json, result)
     return result
+
+
+def write_result(path, result):
+    """--json, atomically; a write that fails now (checked writable up front: e.g. a full disk) is one line, exit 1."""
+    if not path:
+        return
+    try:
+        checkpoint.write_json(path, result)
+    except OSError as e:
+        die(f"cannot write --json {path} ({e.strerror or e}); the checkpoint and the report above are complete", code=1)
+
 
 def fit_map(cfg, x, kept):
     """The fitted map of the vectors x (n, H): (its tensors, its metadata 'transform', {"steps", "losses"}), every
@@ -501,6 +510,7 @@ def load_inputs(cfg):
         tokenizer = bert.load_tokenizer(cfg.model, max_len=min(cfg.max_len, model.config.max_position_embeddings))
         data_dir = data.resolve_data_dir(cfg.data_dir, need_stsb=cfg.data == "stsb")  # --data FILE: no STS-B file needed
         examples = data.training_sentences(cfg.data, data_dir)  # sentences, or (sentence, paraphrase) pairs
+        data.load_stsb("dev", data_dir)  # read at every evaluation: fail now, not mid-training
         for task in data.TASKS if cfg.eval_all else ["STSBenchmark"]:  # fail now, not after training
             data.load_task(task, data_dir)
     except (checkpoint.LoadError, data.DataError) as e:

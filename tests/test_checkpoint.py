@@ -131,6 +131,22 @@ def test_check_checkpoint_path(tmp_path):
         Bert.from_pretrained(tmp_path / "d.safetensors")
 
 
+def test_a_folder_that_refuses_new_files_is_found_before_any_work(tmp_path, monkeypatch):
+    """access() says yes to root, and on file systems that refuse new files anyway (/proc, a read-only bind mount
+    seen as root): the output checks try to make a file, and leave nothing behind when they can."""
+    assert checkpoint.check_output(tmp_path / "r.json", ".json") == tmp_path / "r.json"
+    assert checkpoint.check_checkpoint_path(tmp_path / "sg.safetensors", write=True)
+    assert not list(tmp_path.iterdir())
+
+    def refuse(*a, **k):
+        raise OSError(30, "Read-only file system")
+    monkeypatch.setattr(checkpoint.tempfile, "mkstemp", refuse)
+    with pytest.raises(LoadError, match=r"r.json is in a folder we cannot write to \(.*: Read-only file system\)$"):
+        checkpoint.check_output(tmp_path / "r.json", ".json")
+    with pytest.raises(LoadError, match=r"'.*sg.safetensors' is in a folder we cannot write to \(.*: Read-only file"):
+        checkpoint.check_checkpoint_path(tmp_path / "sg.safetensors", write=True)
+
+
 # -----------------------------------------------------------------------------
 # one process per output
 

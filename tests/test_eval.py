@@ -197,6 +197,21 @@ def test_layerwise_matches_one_encode_per_layer(tiny_data, tiny_model):
             assert (np.isnan(rho) and np.isnan(ref)) or rho == pytest.approx(ref, abs=1e-6), (p, k)
 
 
+def test_a_json_that_cannot_be_written_after_the_evaluation_is_one_line_with_exit_1(tiny_data, tiny_model, tmp_path,
+                                                                                     capsys, monkeypatch):
+    def full(*a):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(checkpoint, "write_json", full)
+    with pytest.raises(SystemExit) as e:
+        evaluate.main(["--model", str(tiny_model), "--data-dir", str(tiny_data[0]), "--json", str(tmp_path / "r.json"),
+                       "--tasks", "STS13"])
+    captured = capsys.readouterr()
+    assert e.value.code == 1 and "STS13" in captured.out  # the table was printed, then the one line
+    assert captured.err.splitlines()[-1] == f"error: cannot write {tmp_path / 'r.json'} (No space left on device); " \
+                                            "the results above were not saved"  # (progress lines go to stderr)
+    assert captured.err.count("error") == 1 and "Traceback" not in captured.err
+
+
 def test_cli_json_and_layerwise(tiny_data, tiny_model, tmp_path, capsys):
     root = tiny_data[0]
     out = tmp_path / "r.json"

@@ -313,6 +313,35 @@ def test_eval_all_with_an_incomplete_data_folder_fails_before_training(world, ca
     assert e.value.code == 2 and "STS12" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("flags", [[], ["--eval-only"], ["--loss", "whitening"]])
+def test_a_malformed_stsb_dev_file_fails_before_any_work(world, capsys, monkeypatch, flags):
+    """The dev split is read at every evaluation: a bad row must be found before training, not at the first one."""
+    dev = world["data"] / "senteval/STS/STSBenchmark/sts-dev.csv"
+    lines = dev.read_text().splitlines()
+    lines[6] = lines[6].replace("\t", " ", 3)
+    dev.write_text("\n".join(lines) + "\n")
+    monkeypatch.setattr(train, "train_step", lambda *a: pytest.fail("training started"))
+    monkeypatch.setattr(bert, "encode", lambda *a, **k: pytest.fail("encoding started"))
+    with pytest.raises(SystemExit) as e:
+        if "whitening" in flags:  # a fit: run()'s step flags mean nothing to it (and are refused)
+            train.main(["--model", str(world["model"]), "--data", str(world["sents"]), "--data-dir",
+                        str(world["data"]), "--out", str(world["out"]), "--device", "cpu", *flags])
+        else:
+            run(world, *flags)
+    assert e.value.code == 2
+    assert capsys.readouterr().err.strip() == f"error: {dev}:7: expected 7 tab-separated columns, found 4"
+    assert not world["out"].exists()
+
+
+def test_a_json_that_cannot_be_written_at_the_end_is_one_line_with_exit_1(world, monkeypatch, capsys):
+    monkeypatch.setattr(checkpoint, "write_json", lambda *a: (_ for _ in ()).throw(OSError(28, "No space left on device")))
+    with pytest.raises(SystemExit) as e:
+        run(world, "--json", str(world["tmp"] / "r.json"))
+    err = capsys.readouterr().err
+    assert e.value.code == 1 and err.count("\n") == 1 and "cannot write --json" in err and "No space left" in err
+    assert world["out"].exists()  # the checkpoint itself was written
+
+
 def test_a_full_disk_ends_in_one_line_that_says_what_was_kept(world, monkeypatch, capsys):
     save, calls = checkpoint.save_checkpoint, [0]
 
