@@ -990,6 +990,67 @@ def compiled_vs_eager(fns, repeats, sync):
                 secs["compiled"], compile_s=extra, break_even_calls=extra / gain if gain > 0 else None, graphs=graphs)
 
 
+def compile_inference_cases(path, data_dir, device):
+    """evaluate.py's STS-B test encoding (a new shape almost every batch) and one fixed shape, eager vs compiled:
+    (name, fns, what, the max |diff| of their outputs as a callable)."""
+    tok = bert.load_tokenizer(path)
+    eager, comp = (bert.Bert.from_pretrained(path).to(device).eval() for _ in range(2))
+    compile_layers(comp)
+    task = data.load_task("STSBenchmark", data_dir)
+    sents = list(dict.fromkeys(s for a, b, _ in task.values() for s in a + b))
+    fns = {k: partial(bert.encode, m, tok, sents, batch_size=64) for k, m in (("eager", eager), ("compiled", comp))}
+    yield ("STS-B test encoding", fns, f"{len(sents)} sentences, [CLS], batches of 64, each its own length",
+           lambda: float(np.abs(fns["eager"]() - fns["compiled"]()).max()))
+    ids, mask = (x.to(device) for x in random_batch(64, 32, eager.config.vocab_size, padded=False))
+    fixed = {k: partial(torch.inference_mode()(m), ids, mask) for k, m in (("eager", eager), ("compiled", comp))}
+    yield ("fixed 64 x 32 forward", fixed, "one shape, all 7 hidden states",
+           lambda: max((a - b).abs().max().item() for a, b in zip(fixed["eager"](), fixed["compiled"]())))
+
+
+def compile_step_case(path, data_dir, device):
+    """train.py's SG-OPT step (BERT_F and BERT_T compiled): the same loss with dropout off (two steps), then the
+    contenders with dropout on, as train.py runs."""
+    kw = dict(path=path, data_dir=data_dir, batch_size=16, device=str(device))
+    losses = {}
+    for k in ("eager", "compiled"):
+        run = make_step_run("sgbert", dropout=False, steps=2, **kw)
+        if k == "compiled":
+            compile_layers(run.run.bert_F), compile_layers(run.run.bert_T)
+        losses[k] = run()[0].item()
+    fns = {k: make_step_run("sgbert", **kw) for k in ("eager", "compiled")}
+    compile_layers(fns["compiled"].run.bert_F), compile_layers(fns["compiled"].run.bert_T)
+    yield ("SG-OPT step", fns, "train.py's step, batch 16 of STS-B, dropout on; diff: the 2nd step's loss, dropout "
+           "off", abs(losses["eager"] - losses["compiled"]))
+
+
+def compile_pretrain_case(path, data_dir, device):
+    """pretrain.py's step (BERT-Mini, dropout 0 as pretrain.py's default), a pass over 8 batches: two builds from the
+    same seed, the second compiled; checked on the MLM logits before training."""
+    import pretrain
+    pargs = pretrain.get_args(["--tokenizer", str(path), "--steps", "100", "--device", device.type,
+                               "--data-dir", str(data_dir)])
+    prun, _ = pretrain.prepare(pargs)
+    batches = [pretrain.step_batch(prun, prun["order"].batch(i), prun["order"].generator(i)) for i in range(8)]
+    sides = {}
+    for k in ("eager", "compiled"):
+        model, head, opt = pretrain.build(pargs, prun["vocab_size"])
+        if k == "compiled":
+            compile_layers(model)
+        sides[k] = (model, head, opt, [p for g in opt.param_groups for p in g["params"]])
+    with torch.no_grad():
+        inputs, m, rows, _ = batches[0]
+        err = (pretrain.mlm_logits(*sides["eager"][:2], inputs, m, rows) -
+               pretrain.mlm_logits(*sides["compiled"][:2], inputs, m, rows)).abs().max().item()
+
+    def pass_of(side):
+        model, head, opt, tracked = side
+        for batch in batches:
+            pretrain.mlm_step(model, head, opt, tracked, batch, 1e-4, pargs.clip)
+    yield ("pretraining, 8 steps", {k: partial(pass_of, side) for k, side in sides.items()},
+           f"BERT-Mini, {pargs.batch_size} sentences a step, length-bucketed; diff: the MLM logits before training",
+           err)
+
+
 def bench_compile(results, args):
     """torch.compile (each layer, inductor, dynamic shapes) vs eager, side by side, on: the STS-B test sentences
     encoded as evaluate.py does (length-sorted batches of 64: a new shape almost every batch), one fixed 64 x 32
@@ -1008,74 +1069,17 @@ def bench_compile(results, args):
     # dynamo's default limit of 8 the rest would silently run eager
     torch._dynamo.config.recompile_limit = torch._dynamo.config.accumulated_recompile_limit = 1024
     torch._inductor.config.force_disable_caches = True  # a cold compilation, as a user's first run pays it
-
-    def report(name, r, what, err):
-        be = "never" if r["break_even_calls"] is None else f"after {r['break_even_calls']:.0f} calls"
-        print(f"  {name:22s} eager {1e3 * r['eager_s']:9.1f} ms   compiled {1e3 * r['compiled_s']:9.1f} ms   "
-              f"x{r['speedup']:.2f}   compilation {r['compile_s']:5.1f} s ({r['graphs']} graphs), paid back {be}   "
-              f"({what}; max |diff| {err:.1e})")
-        rows[name] = dict(r, what=what, max_abs_diff=err)
-
-    # inference: evaluate.py's STS encoding, and one fixed shape
-    tok = bert.load_tokenizer(path)
-    eager, comp = (bert.Bert.from_pretrained(path).to(device).eval() for _ in range(2))
-    compile_layers(comp)
-    task = data.load_task("STSBenchmark", data_dir)
-    sents = list(dict.fromkeys(s for a, b, _ in task.values() for s in a + b))
-    fns = {k: partial(bert.encode, m, tok, sents, batch_size=64) for k, m in (("eager", eager), ("compiled", comp))}
-    r = compiled_vs_eager(fns, args.repeats, sync)
-    err = float(np.abs(fns["eager"]() - fns["compiled"]()).max())
-    report("STS-B test encoding", r, f"{len(sents)} sentences, [CLS], batches of 64, each its own length", err)
-    ids, mask = (x.to(device) for x in random_batch(64, 32, eager.config.vocab_size, padded=False))
-    fns = {k: partial(torch.inference_mode()(m), ids, mask) for k, m in (("eager", eager), ("compiled", comp))}
-    r = compiled_vs_eager(fns, args.repeats, sync)
-    err = max((a - b).abs().max().item() for a, b in zip(fns["eager"](), fns["compiled"]()))
-    report("fixed 64 x 32 forward", r, "one shape, all 7 hidden states", err)
-    del eager, comp
-
-    # train.py's SG-OPT step: the same numbers with dropout off, then the timing with dropout on
-    kw = dict(path=path, data_dir=data_dir, batch_size=16, device=str(device))
-    losses = {}
-    for k in ("eager", "compiled"):
-        run = make_step_run("sgbert", dropout=False, steps=2, **kw)
-        if k == "compiled":
-            compile_layers(run.run.bert_F), compile_layers(run.run.bert_T)
-        losses[k] = run()[0].item()
-    err = abs(losses["eager"] - losses["compiled"])
-    fns = {k: make_step_run("sgbert", **kw) for k in ("eager", "compiled")}
-    compile_layers(fns["compiled"].run.bert_F), compile_layers(fns["compiled"].run.bert_T)
-    r = compiled_vs_eager(fns, args.repeats, sync)
-    report("SG-OPT step", r, "train.py's step, batch 16 of STS-B, dropout on; diff: the 2nd step's loss, dropout off",
-           err)
-    del fns
-
-    # pretrain.py's step (BERT-Mini, dropout 0 as pretrain.py's default): two builds from the same seed
-    import pretrain
-    pargs = pretrain.get_args(["--tokenizer", str(path), "--steps", "100", "--device", device.type,
-                               "--data-dir", str(data_dir)])
-    prun, _ = pretrain.prepare(pargs)
-    batches = [pretrain.step_batch(prun, prun["order"].batch(i), prun["order"].generator(i)) for i in range(8)]
-    sides = {}
-    for k in ("eager", "compiled"):
-        model, head, opt = pretrain.build(pargs, prun["vocab_size"])
-        if k == "compiled":
-            compile_layers(model)
-        tracked = [p for g in opt.param_groups for p in g["params"]]
-        sides[k] = (model, head, opt, tracked)
-    with torch.no_grad():
-        inputs, m, rws, _ = batches[0]
-        err = max((pretrain.mlm_logits(*sides["eager"][:2], inputs, m, rws) -
-                   pretrain.mlm_logits(*sides["compiled"][:2], inputs, m, rws)).abs().max().item(), 0.0)
-
-    def pass_of(side):
-        model, head, opt, tracked = side
-        for batch in batches:
-            pretrain.mlm_step(model, head, opt, tracked, batch, 1e-4, pargs.clip)
-    r = compiled_vs_eager({k: partial(pass_of, side) for k, side in sides.items()}, args.repeats, sync)
-    report("pretraining, 8 steps", r, f"BERT-Mini, {pargs.batch_size} sentences a step, length-bucketed; diff: "
-           "the MLM logits before training", err)
-    print(f"  ({device}, fp32, {torch.get_num_threads()} threads, median of {args.repeats} alternating runs; "
-          "speedup = eager / compiled; compilation = the compiled side's first call minus its steady time)")
+    for make in (compile_inference_cases, compile_step_case, compile_pretrain_case):
+        for name, fns, what, err in make(path, data_dir, device):  # built one at a time, measured, dropped
+            r = compiled_vs_eager(fns, args.repeats, sync)
+            rows[name] = r = dict(r, what=what, max_abs_diff=err() if callable(err) else err)
+            be = "never" if r["break_even_calls"] is None else f"after {r['break_even_calls']:.0f} calls"
+            print(f"  {name:22s} eager {1e3 * r['eager_s']:9.1f} ms   compiled {1e3 * r['compiled_s']:9.1f} ms   "
+                  f"x{r['speedup']:.2f}   compilation {r['compile_s']:5.1f} s ({r['graphs']} graphs), paid back {be}   "
+                  f"({what}; max |diff| {r['max_abs_diff']:.1e})")
+    print(f"  ({device}, train.py's precision (fp32 on a CPU), {torch.get_num_threads()} threads, median of "
+          f"{args.repeats} alternating runs; speedup = eager / compiled; compilation = the compiled side's first call "
+          "minus its steady time)")
     results["compile"] = dict(device=str(device), threads=torch.get_num_threads(), rows=rows)
 
 
@@ -1097,7 +1101,6 @@ def bench_gpu(results, args):
         results["gpu"] = None
         return
     import datetime
-    import tempfile
     root, t0 = Path(__file__).resolve().parent, time.perf_counter()
     name = torch.cuda.get_device_name()
     gpu = dict(device=name, torch=torch.__version__, cuda=torch.version.cuda, date=datetime.date.today().isoformat())
@@ -1136,22 +1139,28 @@ def bench_gpu(results, args):
     path, data_dir, why = step_setting(args)
     gpu["minilm_sg_opt"] = {}
     for precision in ([] if why else ["fp32", "bf16"]):
-        with tempfile.TemporaryDirectory() as tmp:
-            out = Path(tmp) / "r.json"
-            p = subprocess.run([sys.executable, str(root / "train.py"), "--model", str(path), "--data-dir",
-                                str(data_dir), "--device", "cuda", "--precision", precision, "--seed", "1",
-                                "--eval-all", "--out", str(Path(tmp) / "r.safetensors"), "--json", str(out)],
-                               capture_output=True, text=True)
-            r = json.loads(out.read_text()) if p.returncode == 0 else {}
-        sts = {t: get_all(r, t) for t in [*data.TASKS, "avg"]}
-        gpu["minilm_sg_opt"][precision] = dict(exit=p.returncode, sts=sts, wall_seconds=r.get("wall_seconds"),
-                                               best_step=r.get("best_step"))
-        print(f"  MiniLM SG-OPT seed 1, {precision}: 7-task avg {sts['avg']} (exit {p.returncode}, "
-              f"{r.get('wall_seconds', float('nan')):.0f} s)")
+        gpu["minilm_sg_opt"][precision] = run = minilm_sg_opt_on_cuda(path, data_dir, precision)
+        print(f"  MiniLM SG-OPT seed 1, {precision}: 7-task avg {run['sts']['avg']} (exit {run['exit']}, "
+              f"{run['wall_seconds'] or float('nan'):.0f} s)")
         keep()
     section("compile")  # last: its cold compilations take minutes, and the checks above matter more
     print(f"  all GPU checks in {gpu['seconds'] / 60:.1f} min; record: {dest}")
     results["gpu"] = gpu
+
+
+def minilm_sg_opt_on_cuda(path, data_dir, precision):
+    """train.py itself: all-MiniLM-L6-v2, SG-OPT's full recipe, seed 1, on CUDA in the precision, the 7-task table
+    -> {exit, sts {task: all}, wall_seconds, best_step}."""
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "r.json"
+        p = subprocess.run([sys.executable, str(Path(__file__).resolve().parent / "train.py"), "--model", str(path),
+                            "--data-dir", str(data_dir), "--device", "cuda", "--precision", precision, "--seed", "1",
+                            "--eval-all", "--out", str(Path(tmp) / "r.safetensors"), "--json", str(out)],
+                           capture_output=True, text=True)
+        r = json.loads(out.read_text()) if p.returncode == 0 else {}
+    return dict(exit=p.returncode, sts={t: get_all(r, t) for t in [*data.TASKS, "avg"]},
+                wall_seconds=r.get("wall_seconds"), best_step=r.get("best_step"))
 
 
 def get_all(result, task):
