@@ -683,6 +683,23 @@ def test_a_runs_identity_is_its_command_and_a_records_key_reads_back_as_the_same
                                               ("--tasks", "transfer", "--transfer-config", "paper"))
 
 
+def test_committed_records_name_no_folder_of_the_machine_they_ran_on():
+    """Records, logs and reports under results/ name a model by its name ($M in the logs, as the README's commands
+    do), never by this machine's folders (issue 22: a child's log header holds the --model path as given; the
+    logs are edited before they are committed). Only what git tracks is checked: a sweep's runs in progress are not."""
+    root = Path(experiments.__file__).parent
+    try:
+        files = subprocess.run(["git", "ls-files", "results"], cwd=root, capture_output=True, text=True,
+                               check=True).stdout.split()
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("not a git checkout: which files are committed is unknown")
+    machine = re.compile(r"(?<![\w$}])/(?:root|home|work|Users|tmp|private|mnt)/")
+    texts = [f for f in files if f.endswith((".log", ".json", ".md", ".txt", ".csv"))]
+    found = [f"{f}:{n}" for f in texts for n, line in enumerate((root / f).read_text(errors="replace").splitlines(), 1)
+             if machine.search(line)]
+    assert texts and not found, f"machine paths in committed results (replace them by $M or a relative path): {found[:5]}"
+
+
 def test_a_record_names_the_sha256_of_the_model_it_ran_on(tmp_path):
     folder = tmp_path / "m"
     folder.mkdir()
