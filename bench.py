@@ -797,8 +797,38 @@ def bench_sts(results, args):
 
 
 def senteval_dir():
-    """The reference copy of SentEval (CPU-patched, tests and bench only): $SENTEVAL_DIR, else ../shared/senteval."""
+    """The reference copy of SentEval (a checkout of facebookresearch/SentEval, tests and bench only): $SENTEVAL_DIR,
+    else ../shared/senteval."""
     return Path(os.environ.get("SENTEVAL_DIR") or Path(__file__).resolve().parent.parent / "shared" / "senteval")
+
+
+# SentEval's code assumes a GPU (.cuda() on every model and tensor) and Python < 3.11 (inspect.getargspec); with these
+# replacements its classifiers run on a CPU, each step otherwise the same code.
+SENTEVAL_CPU = [(".cuda()", ""), ("torch.device('cuda')", "torch.device('cpu')"),
+                ("torch.cuda.FloatTensor", "torch.FloatTensor"), ("torch.cuda.LongTensor", "torch.LongTensor"),
+                ("inspect.getargspec(", "inspect.getfullargspec(")]
+
+
+def import_senteval():
+    """The senteval package of senteval_dir(), adapted when it is imported: copied into a temporary folder with
+    SENTEVAL_CPU's replacements (nothing of SentEval is kept in this repository or changed in its checkout), and
+    imported from there. Already patched copies pass through unchanged."""
+    import atexit
+    import shutil
+    import tempfile
+    if "senteval" in sys.modules:
+        return sys.modules["senteval"]
+    tmp = tempfile.mkdtemp(prefix="senteval-cpu-")
+    atexit.register(shutil.rmtree, tmp, ignore_errors=True)
+    shutil.copytree(senteval_dir() / "senteval", Path(tmp) / "senteval")
+    for f in Path(tmp, "senteval").rglob("*.py"):
+        src = f.read_text(encoding="utf-8")
+        for a, b in SENTEVAL_CPU:
+            src = src.replace(a, b)
+        f.write_text(src, encoding="utf-8")
+    sys.path.insert(0, tmp)
+    import senteval
+    return senteval
 
 
 def run_senteval(name, data_dir, vectors, nhid):
@@ -806,8 +836,7 @@ def run_senteval(name, data_dir, vectors, nhid):
     import logging
     import tempfile
     import warnings
-    sys.path.insert(0, str(senteval_dir()))
-    import senteval
+    senteval = import_senteval()
     logging.getLogger().setLevel(logging.WARNING)
     with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
         warnings.simplefilter("ignore")  # sklearn's f1_score on SentEval's column of predictions

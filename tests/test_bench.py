@@ -3,6 +3,7 @@ regulariser gives the same losses as train.py's step, on a tiny random BERT. No 
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -104,6 +105,30 @@ def test_transfer_section_keeps_finished_tasks(tiny_folder, tmp_path, monkeypatc
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only answer")
+def test_senteval_is_adapted_to_a_cpu_when_imported_and_its_checkout_is_left_alone(tmp_path, monkeypatch):
+    """SentEval's code calls .cuda() everywhere and inspect.getargspec (gone in Python 3.11): bench.py imports an
+    adapted copy, so that a plain checkout of facebookresearch/SentEval is the reference (the parity test in
+    test_transfer.py runs it when SENTEVAL_DIR is set)."""
+    pkg = tmp_path / "checkout" / "senteval"
+    pkg.mkdir(parents=True)
+    code = ("import inspect\nimport torch\nm = torch.nn.Linear(2, 2).cuda()\nx = torch.zeros(3).cuda()\n"
+            "d = torch.device('cuda')\nis_float = isinstance(x, torch.cuda.FloatTensor)\n"
+            "args = inspect.getargspec(torch.optim.Adam.__init__)[0]\n")
+    (pkg / "__init__.py").write_text(code)
+    monkeypatch.setattr(bench, "senteval_dir", lambda: tmp_path / "checkout")
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    held = sys.modules.pop("senteval", None)
+    try:
+        se = bench.import_senteval()
+        assert se.m.weight.device.type == se.x.device.type == se.d.type == "cpu" and se.is_float
+        assert se.args[:3] == ["self", "params", "lr"] and bench.import_senteval() is se
+        assert (pkg / "__init__.py").read_text() == code and tmp_path / "checkout" not in map(Path, sys.path)
+    finally:
+        sys.modules.pop("senteval", None)
+        if held:
+            sys.modules["senteval"] = held
+
+
 def test_gpu_checks_on_a_machine_without_cuda_say_so_in_one_line_and_exit_0(tmp_path):
     out = subprocess.run([sys.executable, str(ROOT / "bench.py"), "--only", "gpu", "--json", str(tmp_path / "b.json")],
                          capture_output=True, text=True, timeout=300)
