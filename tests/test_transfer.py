@@ -5,7 +5,6 @@ counts, and the one-line errors."""
 import copy
 import json
 import os
-import sys
 from pathlib import Path
 
 import numpy as np
