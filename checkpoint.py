@@ -427,6 +427,7 @@ def cannot_write(folder):
         return f": {e.strerror or e}"
     return None
 
+
 # -----------------------------------------------------------------------------
 # one process per output, and what killed runs leave behind
 

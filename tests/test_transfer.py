@@ -4,21 +4,19 @@ there), the folds against sklearn, every task path on separable and on pure-nois
 counts, and the one-line errors."""
 import copy
 import json
-import os
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+import bench
 import data
 import evaluate
 import transfer
 from data import DataError
 from conftest import tiny_model_folder
 
-ROOT = Path(__file__).resolve().parents[1]
-SENTEVAL = Path(os.environ.get("SENTEVAL_DIR") or ROOT.parent / "shared" / "senteval")
+SENTEVAL = bench.senteval_dir()  # $SENTEVAL_DIR: a checkout of facebookresearch/SentEval
 
 
 @pytest.fixture(autouse=True)
@@ -111,7 +109,6 @@ def test_fit_equals_senteval_mlp():
     pytest.importorskip("sklearn", reason="SentEval's package imports scikit-learn")
     if not (SENTEVAL / "senteval" / "tools" / "classifier.py").is_file():
         pytest.skip(f"no SentEval reference copy at {SENTEVAL} (set SENTEVAL_DIR)")
-    import bench
     bench.import_senteval()  # SentEval's code, adapted to a CPU as bench.py runs it
     from senteval.tools.classifier import MLP
     X, y = toy_problem(n=300, d=5, C=2, noise=0.7, seed=1)
