@@ -22,9 +22,10 @@ and is skipped. Shared rules, so that ratios mean something:
   memory   peak memory of a few of those steps, ours vs the reference
   sts      the 7-task STS encoding: length-sorted batches (bert.encode) vs unsorted batch-16 batches in input order,
            as SentEval's batcher receives them; and evaluate.py's way (each distinct sentence once, length-sorted)
-  transfer the SentEval transfer tasks on the same all-MiniLM-L6-v2 vectors: evaluate.py's batched classifiers vs
-           SentEval itself (the CPU-patched reference copy in ../shared/senteval, needs scikit-learn); time and
-           the accuracy difference per task (--transfer-tasks, --transfer-config, --transfer-pooling)
+  transfer the SentEval transfer tasks on the same all-MiniLM-L6-v2 vectors: evaluate.py's batched classifiers
+           (on the run's threads, and on one) vs SentEval itself (a checkout named by SENTEVAL_DIR, adapted to a CPU
+           at import; needs scikit-learn; --senteval-threads, default 1); time and the accuracy difference per task
+           (--transfer-tasks, --transfer-config, --transfer-pooling)
   wk       WK pooling (wk.py: batched QR) vs mean pooling of the same model, STS-B test sentences (the paper's Table 6:
            WK at 14x mean pooling's time), and vs the SBERT-WK code's per-sentence, per-token numpy loop (reference.py)
   pretrain pretrain.py's masked-LM step (BERT-Mini, packed, decoder at the masked rows, fused AdamW) vs transformers'
@@ -104,6 +105,8 @@ def get_args(argv=None):
     a("--transfer-config", default="paper", choices=["paper", "simcse"],
       help="transfer: the classifier (evaluate.py --transfer-config; default: %(default)s)")
     a("--transfer-pooling", default="cls", choices=POOLINGS, help="transfer: the sentence vector (default: cls)")
+    a("--senteval-threads", type=n(1), default=1, help="transfer: torch threads of SentEval's side (default: "
+      "%(default)s, its fastest on a 2-core CPU: its steps are too small to share)")
     a("--threads", type=n(1), help="torch CPU threads (default: torch's choice); 1 is steadier on a machine shared "
       "with other jobs")
     a("--peak-child", help=argparse.SUPPRESS)  # internal: one peak_rss_mb measurement
@@ -863,9 +866,13 @@ def bench_transfer(results, args):
     nhid = transfer.TRANSFER_CONFIGS[args.transfer_config]
     model = bert.Bert.from_pretrained(path).to(get_device(args))
     tok = bert.load_tokenizer(path)
+    threads = {"ours": torch.get_num_threads(), "senteval": args.senteval_threads}
+    if threads["ours"] > 1:  # and ours on one thread too: the ratio at equal resources
+        threads["ours_1thread"] = 1
     print(f"  all-MiniLM-L6-v2 [{args.transfer_pooling}] vectors, classifier {args.transfer_config} (nhid {nhid}), "
-          f"one run per side on the same vectors, the order alternating task by task; ratio = SentEval / ours")
-    rows, secs = {}, {"ours": 0.0, "senteval": 0.0}
+          f"one run per side on the same vectors, the order rotating task by task; torch threads "
+          f"{', '.join(f'{k} {v}' for k, v in threads.items())}; ratio = SentEval / ours")
+    rows, secs = {}, dict.fromkeys(threads, 0.0)
     for t, name in enumerate(tasks):
         splits = data.load_transfer(name, data_dir)
         sents = list(dict.fromkeys(s for x, _ in splits.values() for e in x for s in (e if name == "MRPC" else (e,))))
@@ -875,30 +882,53 @@ def bench_transfer(results, args):
         def vectors(xs):
             return emb[[index[s] for s in xs]]
 
-        sides = {"ours": lambda: transfer.transfer_task(name, splits, vectors, nhid),
-                 "senteval": lambda: run_senteval(name, data_dir, vectors, nhid)}
-        got, sec = {}, {}
-        for side in (list(sides) if t % 2 == 0 else list(sides)[::-1]):
-            t0 = time.perf_counter()
-            got[side] = sides[side]()
-            sec[side] = time.perf_counter() - t0
+        run_ours = lambda: transfer.transfer_task(name, splits, vectors, nhid)  # noqa: E731
+        sides = {"ours": run_ours, "senteval": lambda: run_senteval(name, data_dir, vectors, nhid),
+                 "ours_1thread": run_ours}
+        got, sec, order = {}, {}, list(threads)
+        for side in order[t % len(order):] + order[:t % len(order)]:
+            with torch_threads(threads[side]):
+                t0 = time.perf_counter()
+                got[side] = sides[side]()
+                sec[side] = time.perf_counter() - t0
             secs[side] += sec[side]
         ours, ref = got["ours"], got["senteval"]
+        assert all(got[side] == ours for side in threads if side.startswith("ours")), got  # threads change no digit
         diff = {k: ours[k] - float(ref[k]) for k in ("acc", "devacc", "f1") if k in ours}
         rows[name] = dict(seconds=sec, ratio=sec["senteval"] / sec["ours"], ours=ours,
                           senteval={k: float(ref[k]) for k in ours}, diff=diff)
+        if "ours_1thread" in sec:
+            rows[name]["ratio_1thread"] = sec["senteval"] / sec["ours_1thread"]
         avg = {side: float(np.mean([r[side]["acc"] for r in rows.values()])) for side in ("ours", "senteval")}
-        results["transfer"] = dict(config=args.transfer_config, pooling=args.transfer_pooling, tasks=rows,
-                                   seconds=dict(secs), speedup=secs["senteval"] / secs["ours"], avg_acc=avg)
+        results["transfer"] = dict(config=args.transfer_config, pooling=args.transfer_pooling, threads=threads,
+                                   tasks=rows, seconds=dict(secs), speedup=secs["senteval"] / secs["ours"],
+                                   avg_acc=avg)
+        if "ours_1thread" in secs:
+            results["transfer"]["speedup_1thread"] = secs["senteval"] / secs["ours_1thread"]
         save(results, args)  # after every task: SentEval takes hours here, a killed run keeps the finished tasks
         print(f"  {name:5s} ours {sec['ours']:8.1f} s   SentEval {sec['senteval']:8.1f} s   x{rows[name]['ratio']:5.2f}"
-              f"   acc {ours['acc']:6.2f} vs {float(ref['acc']):6.2f} ({diff['acc']:+.2f})   devacc "
+              + (f"   (ours on 1 thread {sec['ours_1thread']:.1f} s: x{rows[name]['ratio_1thread']:.2f})"
+                 if "ours_1thread" in sec else "")
+              + f"   acc {ours['acc']:6.2f} vs {float(ref['acc']):6.2f} ({diff['acc']:+.2f})   devacc "
               f"{ours['devacc']:6.2f} vs {float(ref['devacc']):6.2f} ({diff['devacc']:+.2f})"
               + (f"   f1 {ours['f1']:.2f} vs {float(ref['f1']):.2f} ({diff['f1']:+.2f})" if "f1" in ours else ""))
     print(f"  all {len(tasks)}: ours {secs['ours']:.1f} s   SentEval {secs['senteval']:.1f} s   "
-          f"{verdict(results['transfer']['speedup'], 3.0)}"
-          f"   avg acc {avg['ours']:.2f} vs {avg['senteval']:.2f} ({avg['ours'] - avg['senteval']:+.2f}), max |acc "
+          f"{verdict(results['transfer']['speedup'], 6.0)}"
+          + (f"   ours on 1 thread {secs['ours_1thread']:.1f} s: x{results['transfer']['speedup_1thread']:.2f}"
+             if "ours_1thread" in secs else "")
+          + f"   avg acc {avg['ours']:.2f} vs {avg['senteval']:.2f} ({avg['ours'] - avg['senteval']:+.2f}), max |acc "
           f"diff| {max(abs(r['diff']['acc']) for r in rows.values()):.2f}")
+
+
+@contextlib.contextmanager
+def torch_threads(n):
+    """torch's CPU thread count set to n for the block, then restored."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 # -----------------------------------------------------------------------------
 # pretrain: pretrain.py's masked-LM step vs transformers' BertForMaskedLM + torch AdamW on the same batches

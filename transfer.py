@@ -64,6 +64,11 @@ def init_params(G, R, d, nhid, C, seed=SEED):
             for layer in layers for t in layer.parameters()]
 
 
+def take(X, idx):
+    """X's rows idx (any shape) -> (*idx.shape, d): X[idx], by index_select (several times faster than indexing)."""
+    return X.index_select(0, idx.reshape(-1)).view(*idx.shape, X.shape[1])
+
+
 def mlp(params, x):
     """x (G, B, d) -> logits (G, B, R, C): per member, Linear -> Sigmoid -> Linear (Dropout(0) is the identity), or
     one Linear. A group's R members see the same batch, so its first layer is one (B, d) @ (d, R * k) matmul."""
@@ -78,7 +83,7 @@ def mlp(params, x):
 @torch.no_grad()
 def predict(params, X, idx):
     """Each member's class for its group's rows idx (G, n) of X (-1 = padding: predicted, then ignored) -> (G, n, R)."""
-    return torch.cat([mlp(params, X[part.clamp(min=0)]).argmax(-1) for part in idx.split(BATCH, dim=1)], 1)
+    return torch.cat([mlp(params, take(X, part.clamp(min=0))).argmax(-1) for part in idx.split(BATCH, dim=1)], 1)
 
 
 def accuracy(params, X, y, idx):
@@ -95,7 +100,7 @@ def adam_step(params, moments, steps, wd, X, y, idx):
     leaves = [p.detach().requires_grad_() for p in params]  # share storage with params, which Adam updates in place
     valid = idx >= 0  # (G, B)
     rows = idx.clamp(min=0)
-    logits = mlp(leaves, X[rows])  # (G, B, R, C)
+    logits = mlp(leaves, take(X, rows))  # (G, B, R, C)
     ce = F.cross_entropy(logits.permute(0, 3, 1, 2), y[rows, None].expand(-1, -1, logits.shape[2]), reduction="none")
     loss = ((ce * valid[..., None]).sum(1) / valid.sum(1, keepdim=True)).sum()  # summed over members: each gets
     grads = torch.autograd.grad(loss, leaves)  # the gradient of its own mean
@@ -135,26 +140,33 @@ def fit(X, y, train, dev, l2, nhid, C, seed=SEED):
     steps, wd = [torch.tensor(0.0) for _ in params], torch.tensor(l2, dtype=torch.float32).view(G, 1, R, 1)
     best = [p.clone() for p in params]
     best_acc, failed = torch.full((G, R), -1.0, dtype=torch.float64), torch.zeros(G, R, dtype=torch.int64)
-    stopped, live, dev_rows, epoch = torch.zeros(G, R, dtype=torch.bool), torch.arange(G), padded(dev), 0
+    stopped, dev_rows, epoch = torch.zeros(G, R, dtype=torch.bool), padded(dev), 0
+    live, member = torch.arange(G), torch.arange(R).repeat(G, 1)  # slot r of live group g trains member[g, r]
     while len(live) and epoch <= MAX_EPOCH:  # live: the groups with a member still training
         for _ in range(EPOCH_SIZE):
             order = padded([train[g][rngs[g].permutation(len(train[g]))] for g in live.tolist()])  # (G_live, n)
             for s in range(0, order.shape[1], BATCH):
                 adam_step(params, moments, steps, wd, X, y, order[:, s:s + BATCH])
         epoch += EPOCH_SIZE
-        acc = accuracy(params, X, y, dev_rows[live])  # (G_live, R)
-        up = (acc > best_acc[live]) & ~stopped[live]  # a stopped member trains on with its group, ignored
+        acc = accuracy(params, X, y, dev_rows[live])  # (G_live, slots)
+        gm = live[:, None], member  # every slot's (group, member)
+        up = (acc > best_acc[gm]) & ~stopped[gm]  # a stopped member still in a slot trains on, ignored
         gi, ri = up.nonzero(as_tuple=True)
-        best_acc[live[gi], ri] = acc[gi, ri]
+        best_acc[live[gi], member[gi, ri]] = acc[gi, ri]
         for b, p in zip(best, params):
-            b[live[gi], :, ri] = p[gi, :, ri]
-        stopped[live] |= ~up & (failed[live] >= TENACITY)
-        failed[live] += ~up
-        keep = ~stopped[live].all(1)
-        if not keep.all():  # groups whose members have all stopped leave the stacked problem
-            params = [p[keep] for p in params]
-            moments = [(m[keep], v[keep]) for m, v in moments]
-            wd, live = wd[keep], live[keep]
+            b[live[gi], :, member[gi, ri]] = p[gi, :, ri]
+        stopped[gm] |= ~up & (failed[gm] >= TENACITY)
+        failed[gm] += ~up
+        # Members that have stopped leave the stacked problem: groups with none left go, and the slots shrink to the
+        # most members any group still trains, those first (the others' math is unchanged: each member is its own
+        # columns of every matmul)
+        running = ~stopped[gm]
+        keep, width = running.any(1), int(running.sum(1).max())
+        if not keep.all() or width < member.shape[1]:
+            first = torch.argsort((~running[keep]).byte(), dim=1, stable=True)[:, :width]  # (G_kept, width)
+            live, member = live[keep], member[keep].gather(1, first)
+            pick = lambda t: t[keep].take_along_dim(first[:, None, :, None], dim=2)  # noqa: E731
+            params, moments, wd = [pick(p) for p in params], [(pick(m), pick(v)) for m, v in moments], pick(wd)
     return best_acc.numpy(), best
 
 

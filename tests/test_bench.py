@@ -73,13 +73,14 @@ def test_transfer_section_keeps_finished_tasks(tiny_folder, tmp_path, monkeypatc
     seen = {}
 
     def ours(name, splits, vectors, nhid):
-        seen["ours"] = vectors(sents)
+        seen.setdefault("ours", []).append(torch.get_num_threads())
+        seen["ours vectors"] = vectors(sents)
         return {"acc": 80.0, "devacc": 81.0}
 
     def senteval(name, data_dir, vectors, nhid):
         if name == "CR":
             raise KeyboardInterrupt  # stopped by hand in the second task
-        seen["senteval"] = vectors(sents)
+        seen["senteval"], seen["senteval vectors"] = torch.get_num_threads(), vectors(sents)
         return {"acc": 79.5, "devacc": 80.0, "ndev": 8, "ntest": 8}
 
     monkeypatch.setattr(bench, "minilm_path", lambda: tiny_folder)
@@ -91,16 +92,24 @@ def test_transfer_section_keeps_finished_tasks(tiny_folder, tmp_path, monkeypatc
     monkeypatch.setattr(bench, "run_senteval", senteval)
     out = tmp_path / "bench.json"
     monkeypatch.setattr("sys.argv", ["bench.py", "--only", "transfer", "--transfer-tasks", "MR,CR", "--device", "cpu",
-                                     "--json", str(out)])
-    with pytest.raises(KeyboardInterrupt):
-        bench.main()
+                                     "--json", str(out), "--threads", "2"])
+    threads = torch.get_num_threads()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            bench.main()
+    finally:
+        torch.set_num_threads(threads)
     row = json.loads(out.read_text())["transfer"]
+    # ours on the run's threads and on one, SentEval on its own (--senteval-threads, default 1), each restored after
+    assert row["threads"] == {"ours": 2, "senteval": 1, "ours_1thread": 1}
+    assert sorted(seen["ours"]) == [1, 2] and seen["senteval"] == 1
     assert list(row["tasks"]) == ["MR"] and row["config"] == "paper" and row["pooling"] == "cls"
     mr = row["tasks"]["MR"]
     assert mr["diff"]["acc"] == pytest.approx(0.5) and mr["senteval"] == {"acc": 79.5, "devacc": 80.0}
     assert mr["ratio"] == pytest.approx(mr["seconds"]["senteval"] / mr["seconds"]["ours"])
+    assert mr["ratio_1thread"] == pytest.approx(mr["seconds"]["senteval"] / mr["seconds"]["ours_1thread"])
     assert row["seconds"] == mr["seconds"] and row["avg_acc"] == {"ours": 80.0, "senteval": 79.5}
-    assert np.array_equal(seen["ours"], seen["senteval"]) and seen["ours"].shape == (8, 32)
+    assert np.array_equal(seen["ours vectors"], seen["senteval vectors"]) and seen["ours vectors"].shape == (8, 32)
     assert "MR    ours" in capsys.readouterr().out
 
 
