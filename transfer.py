@@ -69,12 +69,27 @@ def take(X, idx):
     return X.index_select(0, idx.reshape(-1)).view(*idx.shape, X.shape[1])
 
 
+class Affine(torch.autograd.Function):
+    """baddbmm(b, x, W) for data x, with the same gradients as autograd's baddbmm (bit for bit), at about half its cost
+    (torch 2.13, CPU: autograd's backward of baddbmm takes twice the time of the one bmm it needs)."""
+
+    @staticmethod
+    def forward(ctx, x, W, b):
+        ctx.save_for_backward(x)
+        return torch.baddbmm(b, x, W)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, = ctx.saved_tensors
+        return None, torch.bmm(x.transpose(1, 2), grad), grad.sum(1, keepdim=True)
+
+
 def mlp(params, x):
     """x (G, B, d) -> logits (G, B, R, C): per member, Linear -> Sigmoid -> Linear (Dropout(0) is the identity), or
     one Linear. A group's R members see the same batch, so its first layer is one (B, d) @ (d, R * k) matmul."""
     W, b = params[:2]
     G, d, R, k = W.shape
-    x = torch.baddbmm(b.view(G, 1, R * k), x, W.view(G, d, R * k)).view(G, -1, R, k)  # (G, B, R, k)
+    x = Affine.apply(x, W.view(G, d, R * k), b.view(G, 1, R * k)).view(G, -1, R, k)  # (G, B, R, k)
     if len(params) == 4:
         x = torch.einsum("gbrh,ghrc->gbrc", torch.sigmoid(x), params[2]) + params[3]  # (G, B, R, C)
     return x
