@@ -70,8 +70,9 @@ def take(X, idx):
 
 
 class Affine(torch.autograd.Function):
-    """baddbmm(b, x, W) for data x, with the same gradients as autograd's baddbmm (bit for bit), at about half its cost
-    (torch 2.13, CPU: autograd's backward of baddbmm takes twice the time of the one bmm it needs)."""
+    """baddbmm(b, x, W) for data x (no gradient), with autograd's gradients of W and b bit for bit: the one bmm and
+    the sum they need. On torch 2.13's CPU autograd's own backward of baddbmm costs more (forward + backward of 11
+    groups x 4 members, d 384: 5.8 against 4.2 ms on 1 thread, 3.9 against 2.2 ms on 2)."""
 
     @staticmethod
     def forward(ctx, x, W, b):
