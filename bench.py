@@ -930,6 +930,7 @@ def torch_threads(n):
     finally:
         torch.set_num_threads(before)
 
+
 # -----------------------------------------------------------------------------
 # pretrain: pretrain.py's masked-LM step vs transformers' BertForMaskedLM + torch AdamW on the same batches
 
