@@ -885,20 +885,10 @@ def bench_transfer(results, args):
         run_ours = lambda: transfer.transfer_task(name, splits, vectors, nhid)  # noqa: E731
         sides = {"ours": run_ours, "senteval": lambda: run_senteval(name, data_dir, vectors, nhid),
                  "ours_1thread": run_ours}
-        got, sec, order = {}, {}, list(threads)
-        for side in order[t % len(order):] + order[:t % len(order)]:
-            with torch_threads(threads[side]):
-                t0 = time.perf_counter()
-                got[side] = sides[side]()
-                sec[side] = time.perf_counter() - t0
+        got, sec = time_sides(sides, threads, shift=t)
+        for side in sec:
             secs[side] += sec[side]
-        ours, ref = got["ours"], got["senteval"]
-        assert all(got[side] == ours for side in threads if side.startswith("ours")), got  # threads change no digit
-        diff = {k: ours[k] - float(ref[k]) for k in ("acc", "devacc", "f1") if k in ours}
-        rows[name] = dict(seconds=sec, ratio=sec["senteval"] / sec["ours"], ours=ours,
-                          senteval={k: float(ref[k]) for k in ours}, diff=diff)
-        if "ours_1thread" in sec:
-            rows[name]["ratio_1thread"] = sec["senteval"] / sec["ours_1thread"]
+        rows[name] = transfer_row(name, got, sec)
         avg = {side: float(np.mean([r[side]["acc"] for r in rows.values()])) for side in ("ours", "senteval")}
         results["transfer"] = dict(config=args.transfer_config, pooling=args.transfer_pooling, threads=threads,
                                    tasks=rows, seconds=dict(secs), speedup=secs["senteval"] / secs["ours"],
@@ -906,18 +896,42 @@ def bench_transfer(results, args):
         if "ours_1thread" in secs:
             results["transfer"]["speedup_1thread"] = secs["senteval"] / secs["ours_1thread"]
         save(results, args)  # after every task: SentEval takes hours here, a killed run keeps the finished tasks
-        print(f"  {name:5s} ours {sec['ours']:8.1f} s   SentEval {sec['senteval']:8.1f} s   x{rows[name]['ratio']:5.2f}"
-              + (f"   (ours on 1 thread {sec['ours_1thread']:.1f} s: x{rows[name]['ratio_1thread']:.2f})"
-                 if "ours_1thread" in sec else "")
-              + f"   acc {ours['acc']:6.2f} vs {float(ref['acc']):6.2f} ({diff['acc']:+.2f})   devacc "
-              f"{ours['devacc']:6.2f} vs {float(ref['devacc']):6.2f} ({diff['devacc']:+.2f})"
-              + (f"   f1 {ours['f1']:.2f} vs {float(ref['f1']):.2f} ({diff['f1']:+.2f})" if "f1" in ours else ""))
     print(f"  all {len(tasks)}: ours {secs['ours']:.1f} s   SentEval {secs['senteval']:.1f} s   "
           f"{verdict(results['transfer']['speedup'], 6.0)}"
           + (f"   ours on 1 thread {secs['ours_1thread']:.1f} s: x{results['transfer']['speedup_1thread']:.2f}"
              if "ours_1thread" in secs else "")
           + f"   avg acc {avg['ours']:.2f} vs {avg['senteval']:.2f} ({avg['ours'] - avg['senteval']:+.2f}), max |acc "
           f"diff| {max(abs(r['diff']['acc']) for r in rows.values()):.2f}")
+
+
+def time_sides(sides, threads, shift):
+    """Each side's run once, on its torch thread count, in the order of `threads` rotated by shift (so that no side
+    always goes first) -> ({side: result}, {side: seconds})."""
+    got, sec, order = {}, {}, list(threads)
+    for side in order[shift % len(order):] + order[:shift % len(order)]:
+        with torch_threads(threads[side]):
+            t0 = time.perf_counter()
+            got[side] = sides[side]()
+            sec[side] = time.perf_counter() - t0
+    return got, sec
+
+
+def transfer_row(name, got, sec):
+    """One task's record (times, ratios, both sides' scores and their differences), printed as one line."""
+    ours, ref = got["ours"], got["senteval"]
+    assert all(got[side] == ours for side in got if side.startswith("ours")), got  # threads change no digit
+    diff = {k: ours[k] - float(ref[k]) for k in ("acc", "devacc", "f1") if k in ours}
+    row = dict(seconds=sec, ratio=sec["senteval"] / sec["ours"], ours=ours,
+               senteval={k: float(ref[k]) for k in ours}, diff=diff)
+    if "ours_1thread" in sec:
+        row["ratio_1thread"] = sec["senteval"] / sec["ours_1thread"]
+    print(f"  {name:5s} ours {sec['ours']:8.1f} s   SentEval {sec['senteval']:8.1f} s   x{row['ratio']:5.2f}"
+          + (f"   (ours on 1 thread {sec['ours_1thread']:.1f} s: x{row['ratio_1thread']:.2f})"
+             if "ours_1thread" in sec else "")
+          + f"   acc {ours['acc']:6.2f} vs {float(ref['acc']):6.2f} ({diff['acc']:+.2f})   devacc "
+          f"{ours['devacc']:6.2f} vs {float(ref['devacc']):6.2f} ({diff['devacc']:+.2f})"
+          + (f"   f1 {ours['f1']:.2f} vs {float(ref['f1']):.2f} ({diff['f1']:+.2f})" if "f1" in ours else ""))
+    return row
 
 
 @contextlib.contextmanager
