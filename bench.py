@@ -25,7 +25,7 @@ and is skipped. Shared rules, so that ratios mean something:
   transfer the SentEval transfer tasks on the same all-MiniLM-L6-v2 vectors: evaluate.py's batched classifiers
            (on the run's threads, and on one) vs SentEval itself (a checkout named by SENTEVAL_DIR, adapted to a CPU
            at import; needs scikit-learn; --senteval-threads, default 1); time and the accuracy difference per task
-           (--transfer-tasks, --transfer-config, --transfer-pooling)
+           (--transfer-tasks, --transfer-config, --transfer-pooling, --transfer-skip-1thread)
   wk       WK pooling (wk.py: batched QR) vs mean pooling of the same model, STS-B test sentences (the paper's Table 6:
            WK at 14x mean pooling's time), and vs the SBERT-WK code's per-sentence, per-token numpy loop (reference.py)
   pretrain pretrain.py's masked-LM step (BERT-Mini, packed, decoder at the masked rows, fused AdamW) vs transformers'
@@ -107,6 +107,8 @@ def get_args(argv=None):
     a("--transfer-pooling", default="cls", choices=POOLINGS, help="transfer: the sentence vector (default: cls)")
     a("--senteval-threads", type=n(1), default=1, help="transfer: torch threads of SentEval's side (default: "
       "%(default)s, its fastest on a 2-core CPU: its steps are too small to share)")
+    a("--transfer-skip-1thread", action="store_true", help="transfer: leave out ours on one thread (the ratio at "
+      "equal resources; about a fifth of the run)")
     a("--threads", type=n(1), help="torch CPU threads (default: torch's choice); 1 is steadier on a machine shared "
       "with other jobs")
     a("--peak-child", help=argparse.SUPPRESS)  # internal: one peak_rss_mb measurement
@@ -867,7 +869,7 @@ def bench_transfer(results, args):
     model = bert.Bert.from_pretrained(path).to(get_device(args))
     tok = bert.load_tokenizer(path)
     threads = {"ours": torch.get_num_threads(), "senteval": args.senteval_threads}
-    if threads["ours"] > 1:  # and ours on one thread too: the ratio at equal resources
+    if threads["ours"] > 1 and not args.transfer_skip_1thread:  # and ours on one thread: the ratio at equal resources
         threads["ours_1thread"] = 1
     print(f"  all-MiniLM-L6-v2 [{args.transfer_pooling}] vectors, classifier {args.transfer_config} (nhid {nhid}), "
           f"one run per side on the same vectors, the order rotating task by task; torch threads "

@@ -111,6 +111,18 @@ def test_transfer_section_keeps_finished_tasks(tiny_folder, tmp_path, monkeypatc
     assert row["seconds"] == mr["seconds"] and row["avg_acc"] == {"ours": 80.0, "senteval": 79.5}
     assert np.array_equal(seen["ours vectors"], seen["senteval vectors"]) and seen["ours vectors"].shape == (8, 32)
     assert "MR    ours" in capsys.readouterr().out
+    seen.clear()  # --transfer-skip-1thread: ours on the run's threads only
+    monkeypatch.setattr("sys.argv", ["bench.py", "--only", "transfer", "--transfer-tasks", "MR,CR", "--device", "cpu",
+                                     "--json", str(tmp_path / "skip.json"), "--threads", "2",
+                                     "--transfer-skip-1thread"])
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            bench.main()
+    finally:
+        torch.set_num_threads(threads)
+    row = json.loads((tmp_path / "skip.json").read_text())["transfer"]
+    assert row["threads"] == {"ours": 2, "senteval": 1} and seen["ours"] == [2]
+    assert "ratio_1thread" not in row["tasks"]["MR"] and "speedup_1thread" not in row
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only answer")
