@@ -462,7 +462,7 @@ def bench_step(results, args):
     runs = {impl: make_step_run(impl, **kw) for impl in STEP_IMPLS}
     ms = {k: 1e3 * s for k, s in time_alternating(runs, repeats=args.repeats, sync=cuda_sync(device)).items()}
     speedup = ms["reference"] / ms["sgbert"]
-    precision = "bf16" if device.type == "cuda" else "fp32"
+    precision = "fp32"  # train.py's default on every device (make_step_run's precision=None)
     sents = "STS-B sentences" if data_dir else "synthetic sentences (no data folder)"
     print(f"  batch 16 {sents}, all-MiniLM-L6-v2, 7 views, head 384 -> 4096, {device} {precision}, dropout on, "
           f"median of {args.repeats} alternating steps; first two steps without dropout agree: losses "

@@ -52,7 +52,8 @@ META = {
     "best": "JSON: {step, dev} of the weights in the file (STS-B dev Spearman x100)",
     "git": "the short commit of the code that wrote it",
     "transform": "JSON: a fitted transform applied after pooling (posthoc.py): {kind, config}; its tensors are "
-                 "stored under the 'transform.' prefix",
+                 "stored under the 'transform.' prefix (whitening: mu (H,) and W (H, dim); flow: config dim H; H the "
+                 "config's hidden_size, checked by load)",
 }
 JSON_META = ("config", "args", "best", "transform")  # metadata values stored as JSON objects
 TRANSFORM_PREFIX = "transform."
@@ -211,6 +212,7 @@ def load(name_or_path, tensors=True):
     if src.suffix == ".safetensors" or src.is_file():
         path = check_checkpoint_path(src)
         t, meta, sha = read_safetensors(path, tensors)
+        check_transform(path, meta, t, meta.get("config"))
         return Checkpoint(path, path, t, meta, meta.get("config"), f"{path} (metadata 'config')", meta.get("tokenizer"),
                           sha)
     weights, config = src / "model.safetensors", src / "config.json"
@@ -226,6 +228,29 @@ def load(name_or_path, tensors=True):
     tokenizer = next((f for f in (src / "tokenizer.json", src / "vocab.txt") if f.is_file()), None)
     t, _, sha = read_safetensors(weights) if tensors else ({}, {}, None)
     return Checkpoint(src, weights, t, {}, cfg, str(config), tokenizer, sha)
+
+
+def check_transform(path, meta, tensors, config):
+    """A fitted transform's tensors (META 'transform') against the model's width H, config 'hidden_size': a LoadError
+    naming the file and the key, never a shape error at the first encoding (or a Dense layer of the wrong width in an
+    export). What is missing is posthoc.transform_of's to name; without tensors (a header read) nothing is checked."""
+    info, H = meta.get("transform"), config.get("hidden_size") if isinstance(config, dict) else None
+    if not tensors or not info or not isinstance(H, int):
+        return
+    if info.get("kind") == "whitening":
+        for k, want in (("mu", [H]), ("W", [H, info.get("dim")])):
+            got = list(tensors[TRANSFORM_PREFIX + k].shape) if TRANSFORM_PREFIX + k in tensors else None
+            if got is not None and (len(got) != len(want) or any(w not in (None, g) for g, w in zip(got, want))):
+                want = ", ".join(str(w or "K") for w in want)
+                raise LoadError(f"{path}: its whitening (metadata 'transform') cannot be rebuilt: tensor "
+                                f"'{TRANSFORM_PREFIX}{k}' has shape {got}, not [{want}] (H {H}: metadata 'config' "
+                                f"hidden_size; K: metadata 'transform' dim); fit it again with train.py --loss "
+                                f"whitening")
+    flow = info.get("config") if info.get("kind") == "flow" and isinstance(info.get("config"), dict) else {}
+    if flow.get("dim", H) != H:
+        raise LoadError(f"{path}: its flow (metadata 'transform') cannot be rebuilt: it maps {flow['dim']} dimensions, "
+                        f"the model's vectors have {H} (metadata 'config' hidden_size); fit it again with train.py "
+                        f"--loss flow")
 
 
 def read_metadata(path):
@@ -414,6 +439,15 @@ def check_output(path, suffix):
     raise LoadError(f"{path} {problem}")
 
 
+def same_path(a, b):
+    """a and b name one file or folder: the same path once resolved (a symlink, '..', another spelling), or one inode
+    (os.path.samefile: a hard link, a bind mount) when both exist. What keeps an output from replacing an input."""
+    try:
+        return os.path.realpath(a) == os.path.realpath(b) or os.path.samefile(a, b)
+    except OSError:  # one of them does not exist
+        return False
+
+
 def cannot_write(folder):
     """Why no new file can be made in folder ('' when access() says so; ': <reason>' when a real try fails), or
     None when it can. access() passes for root, and on file systems that refuse new files anyway (/proc): try one."""
@@ -444,30 +478,51 @@ def output_lock(path):
     import fcntl
     path = Path(path)
     lock = path.with_name(f".{path.name}.lock")
-    while True:
-        try:
-            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as e:
-            raise LoadError(f"{path}: cannot create the lock file {lock} ({e.strerror})") from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            owner = os.read(fd, 32).decode(errors="replace").strip() or "?"
-            os.close(fd)
-            raise OutputLocked(f"{path} is being written by another process (pid {owner}); wait for it to finish "
-                               f"or choose another output (lock file: {lock})") from None
-        try:
-            if os.path.samestat(os.fstat(fd), os.stat(lock)):
+    fd = None
+    try:  # (!!) from the file's creation on: a Ctrl-C anywhere in here leaves no lock file behind (drop_lock)
+        while True:
+            try:
+                fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+            except OSError as e:
+                raise LoadError(f"{path}: cannot create the lock file {lock} ({e.strerror})") from None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                fd, busy = None, fd  # another process's lock: never ours to remove
+                owner = os.read(busy, 32).decode(errors="replace").strip() or "?"
+                os.close(busy)
+                raise OutputLocked(f"{path} is being written by another process (pid {owner}); wait for it to "
+                                   f"finish or choose another output (lock file: {lock})") from None
+            if same_file(fd, lock):
                 break
-        except FileNotFoundError:
-            pass
-        os.close(fd)  # its owner removed the file between our open and flock: lock the new one instead
-    os.ftruncate(fd, 0)
-    os.write(fd, f"{os.getpid()}\n".encode())
-    try:
+            fd, stale = None, fd
+            os.close(stale)  # its owner removed the file between our open and flock: lock the new one instead
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
         yield path
     finally:
-        os.unlink(lock)  # before close: whoever opened the old file sees it is gone and retries
+        if fd is not None:
+            drop_lock(fd, lock)
+
+
+def same_file(fd, path):
+    try:
+        return os.path.samestat(os.fstat(fd), os.stat(path))
+    except FileNotFoundError:
+        return False
+
+
+def drop_lock(fd, lock):
+    """Release an output lock: remove its file if this fd holds its flock (or can take it now: a Ctrl-C came before
+    ours did) and it is still the file named lock, then close the fd. Another process's lock is never removed."""
+    import fcntl
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a no-op when we hold it
+        if same_file(fd, lock):
+            os.unlink(lock)  # before close: whoever opened the old file sees it is gone and retries
+    except OSError:
+        pass  # held by another process, or removed already
+    finally:
         os.close(fd)
 
 

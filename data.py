@@ -67,8 +67,10 @@ def data_dir_from(arg=None):
 
 def resolve_data_dir(arg=None, fetch=True, need_stsb=True):
     """The data folder (data_dir_from). When it lacks senteval/ or (need_stsb: training on STS-B's sentences)
-    stsbenchmark.tsv.gz, fetch it (fetch=True) or raise DataError saying where we looked and how to get it."""
+    stsbenchmark.tsv.gz, fetch it (fetch=True) or raise DataError saying where we looked and how to get it. The folder
+    comes back absolute: a child process started in another folder (a sweep's runs, a test's) must find the same one."""
     d, source = data_dir_from(arg)
+    d = d.resolve()
     if d.exists() and not d.is_dir():
         raise DataError(f"data folder {d} is a file: give the folder that holds senteval/ and {STSB_FILE}")
     if (d / "senteval").is_dir() and ((d / STSB_FILE).is_file() or not need_stsb):
@@ -77,7 +79,7 @@ def resolve_data_dir(arg=None, fetch=True, need_stsb=True):
         print(f"data folder {d} lacks senteval/ or {STSB_FILE}: downloading them", file=sys.stderr)
         download(d)
         return d
-    raise DataError(f"no data at {d.resolve()} (from {source}): {how_to_get(d)}")
+    raise DataError(f"no data at {d} (from {source}): {how_to_get(d)}")
 
 # -----------------------------------------------------------------------------
 # reading files
@@ -147,17 +149,16 @@ def parse_score(s, path, line):
     return y
 
 
-def scored_pairs(rows, path, constant_gold=False):
-    """[(line, s1, s2, gold)] -> (s1, s2, gold float64), refusing what would make a Spearman silently wrong: an empty
-    sentence, fewer than 2 pairs, a constant gold column (unless constant_gold: your own pairs, whose cosines are
-    still worth having; their correlations are then undefined, NaN)."""
+def scored_pairs(rows, path):
+    """[(line, s1, s2, gold)] -> (s1, s2, gold float64), refusing what would make a Spearman silently wrong or
+    undefined: an empty sentence, fewer than 2 pairs, a constant gold column."""
     for line, a, b, _ in rows:
         if not a.strip() or not b.strip():
             raise DataError(f"{path}:{line}: empty sentence in a pair")
     if len(rows) < 2:
         raise DataError(f"{path}: {len(rows)} scored pair(s); a Spearman correlation needs at least 2")
     y = np.array([r[3] for r in rows], dtype=np.float64)
-    if np.ptp(y) == 0 and not constant_gold:
+    if np.ptp(y) == 0:
         raise DataError(f"{path}: every gold score is {y[0]}; a constant gold column has no ranking to compare")
     return [r[1] for r in rows], [r[2] for r in rows], y
 
@@ -205,7 +206,7 @@ def load_task(name, data_dir):
 def load_pairs_file(path):
     """Your own STS data: rows of (sentence1, sentence2, score), tab-separated, or comma-separated in a .csv (quoted
     fields as the csv module reads them), a header row optional (a first row whose score is not a number). Any finite
-    scores: the Spearman needs only their order (all equal: the correlations are undefined, the cosines still come).
+    scores: the Spearman needs only their order (all equal: no order, refused like a file of one pair).
     -> (s1, s2, gold float64); a bad row is a DataError naming its line."""
     path = Path(path)
     if path.is_dir() or not path.is_file():
@@ -228,7 +229,7 @@ def load_pairs_file(path):
         if not math.isfinite(y):
             raise DataError(f"{path}:{i}: score {cols[2].strip()!r} is not a finite number")
         rows.append((i, cols[0].strip(), cols[1].strip(), y))
-    return scored_pairs(rows, path, constant_gold=True)
+    return scored_pairs(rows, path)
 
 
 def training_sentences(spec, data_dir=None):

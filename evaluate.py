@@ -356,7 +356,7 @@ def plot_pairs(panels, path):
         ax.set(title=title, xticks=[], yticks=[])
         ax.legend(loc="best", fontsize=8)
     fig.tight_layout()
-    fig.savefig(path)
+    checkpoint.atomic_write(path, lambda f: fig.savefig(f, format="png"))
 
 # -----------------------------------------------------------------------------
 # printing, plotting, command line
@@ -367,8 +367,8 @@ def fmt(x):
 
 
 def print_pairs(results, names, title):
-    """One line per pairs file: Spearman, Pearson (x100; 'undefined' when every cosine or every score is the same)
-    and the number of pairs."""
+    """One line per pairs file: Spearman, Pearson (x100; 'undefined' when every cosine is the same) and the number of
+    pairs. (Constant gold scores never get here: data.load_pairs_file refuses them.)"""
     print(title)
     for name in names:
         r = results[name]
@@ -403,7 +403,7 @@ def plot_layerwise(table, path, title):
     ax.legend()
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path)
+    checkpoint.atomic_write(path, lambda f: fig.savefig(f, format="png"))
 
 
 def check_args(args):
@@ -420,6 +420,9 @@ def check_args(args):
             path and checkpoint.check_output(path, suffix)
         except checkpoint.LoadError as e:
             die(f"{flag} {e}")
+        for what, source in inputs(args) if path else ():
+            if checkpoint.same_path(path, source):
+                die(f"{flag} {path} is the {what} {source}: writing it would replace what it reads; give another file")
     if args.pairs_plot and not args.ckpt:
         die("--pairs-plot compares a trained --ckpt with its base model: give --ckpt")
     if args.plot or args.pairs_plot:
@@ -442,6 +445,16 @@ def check_args(args):
         die(f"--template {e}")
     args.layer = -1 if args.layer is None else args.layer
     args.tasks = args.tasks or ([] if args.pairs else ["sts"])
+
+
+def inputs(args):
+    """(what, path) of the files a run reads, which no output may be: the --pairs files, the --ckpt, a --model
+    folder's own files."""
+    files = [("--pairs file", p) for p in args.pairs or []] + [("--ckpt", args.ckpt)] * bool(args.ckpt)
+    return files + [("--model file", Path(args.model) / f) for f in MODEL_FILES if args.model]
+
+
+MODEL_FILES = ("config.json", "model.safetensors", "tokenizer.json", "vocab.txt")  # what checkpoint.load reads
 
 
 def load(args):
@@ -496,20 +509,26 @@ def prompt_template(args, meta, model, tokenizer):
 
 
 def pairs_plot(args, model, tokenizer, meta, data_dir):
-    """The paper's Figure 5: the checkpoint beside the base model it records."""
+    """The paper's Figure 5: the checkpoint beside the base model it records, which must be the very weights it was
+    trained from (metadata 'base_sha256'; an older checkpoint without it: a warning)."""
     base, name = (meta.get("args") or {}).get("model") or meta.get("base_model"), args.ckpt  # args: the path as given
     try:
         ck = checkpoint.load(base)
-        before = bert.Bert.from_checkpoint(ck).to(model.embeddings.word_embeddings.weight.device)
-        before_tok = eval_tokenizer(bert.tokenizer_of(ck), before.config)
     except checkpoint.LoadError as e:
         die(f"--pairs-plot: the base model {base!r} recorded in {name} cannot be loaded: {e}")
-    plot_pairs({f"before: {'/'.join(Path(str(base)).parts[-2:])}": sts_pairs_2d(
-                    sentence_vectors(before, before_tok, args.pooling, template=args.template), data_dir),
-                f"after: {Path(name).name}": sts_pairs_2d(sentence_vectors(model, tokenizer, args.pooling,
-                                                                           template=args.template), data_dir)},
-               args.pairs_plot)
-    print(f"pairs plot (paper Fig. 5) written to {args.pairs_plot}")
+    if "base_sha256" not in meta:
+        progress(f"warning: {name} records no sha256 of its base model (an older checkpoint): 'before' is {base} as it "
+                 "is on disk now, unchecked")
+    elif ck.sha256 != meta["base_sha256"]:
+        die(f"--pairs-plot: the base model {base} is not the one {name} was trained from (sha256 of its weights "
+            f"{ck.sha256[:12]}..., recorded {meta['base_sha256'][:12]}...); put the original weights back there")
+    before = bert.Bert.from_checkpoint(ck).to(model.embeddings.word_embeddings.weight.device)
+    before_tok = eval_tokenizer(bert.tokenizer_of(ck), before.config)
+    panels = {f"before: {meta.get('base_model') or checkpoint.display_name(base)}": sts_pairs_2d(
+                  sentence_vectors(before, before_tok, args.pooling, template=args.template), data_dir),
+              f"after: {Path(name).name}": sts_pairs_2d(sentence_vectors(model, tokenizer, args.pooling,
+                                                                         template=args.template), data_dir)}
+    save(args.pairs_plot, lambda path: plot_pairs(panels, path), "pairs plot (paper Fig. 5)")
 
 
 def run_tasks(args, model, tokenizer, data_dir, transform=None):
@@ -559,14 +578,24 @@ def write_pairs(path, rows):
     checkpoint.write_text(path, buf.getvalue())
 
 
+def save(path, write, what):
+    """Write one output through write(path) (atomic, checkpoint.py), then say so. Its path was checked up front;
+    what can still fail is e.g. a full disk, whose OSError names no file: the message names it."""
+    try:
+        write(path)
+    except OSError as e:
+        die(f"cannot write {path} ({e.strerror or e}); the results above were not saved", code=1)
+    print(f"{what} written to {path}")
+
+
 def report(args, results, name, device):
     """Print the tables (and the plot) of the results."""
     if results["layerwise"]:
         print_layerwise(results["layerwise"], f"STS-B test Spearman x100 by layer (paper Fig. 1) | {name} | device {device}")
         print(f"layer-wise evaluation took {results['seconds']:.1f} s")
         if args.plot:
-            plot_layerwise(results["layerwise"], args.plot, f"STS-B test, {'/'.join(Path(name).parts[-2:])}")
-            print(f"plot written to {args.plot}")
+            title = f"STS-B test, {'/'.join(Path(name).parts[-2:])}"
+            save(args.plot, lambda path: plot_layerwise(results["layerwise"], path, title), "plot")
         return
     where = f"{name} | pooling {args.pooling}" + (f" {args.template!r}" if args.template else "") + \
         f" | layer {args.layer} | device {device}"
@@ -603,15 +632,11 @@ def main(argv=None):
     except DataError as e:
         die(e)
     report(args, results, name, device)
-    try:  # checked writable up front; what can still fail here is e.g. a full disk (the writes are atomic)
-        if args.pairs_out:
-            write_pairs(args.pairs_out, results["pairs"])
-            print(f"{len(results['pairs'])} pairs with their cosines written to {args.pairs_out}")
-        if args.json:
-            checkpoint.write_json(args.json, results)
-            print(f"results written to {args.json}")
-    except OSError as e:
-        die(f"cannot write {e.filename or args.json} ({e.strerror or e}); the results above were not saved", code=1)
+    if args.pairs_out:
+        save(args.pairs_out, lambda path: write_pairs(path, results["pairs"]),
+             f"{len(results['pairs'])} pairs with their cosines")
+    if args.json:
+        save(args.json, lambda path: checkpoint.write_json(path, results), "results")
     return results
 
 

@@ -7,19 +7,22 @@ Each run is `python train.py ...` (or `python evaluate.py ...` for an untrained 
 process group of its own, writing <out>/<experiment>/<variant>/seed-<s>.{safetensors,json,log} (eval.json for an
 evaluation, fit.json for a fit that no seed changes, such as whitening: both run once). The record (.json) appears,
 atomically, only when the run has finished, and only such a record counts: re-running the same command skips the
-finished runs, so a killed sweep loses at most the run in flight. A record that is not valid JSON of a run's shape
-is named with what to do, and left out of the tables. A run in flight holds .seed-<s>.json.lock beside its record
-(checkpoint.output_lock: an flock, so the lock of a dead owner is taken over), so sweeps of one experiment on one
---out share its runs: each run is run once, and a sweep waits for the runs that another live sweep holds before it
-reports. A run whose command equals a finished run of another experiment (SG-OPT with the defaults is in several)
-is not run again: its record is copied, naming the source (except in table6, whose timings come from one sweep).
-A run whose training equals such a run's and whose second step differs (Table 4's SG-OPT: Table 1's, then transfer)
-takes that run's checkpoint, while it is still beside its record, and runs only its own second step.
+finished runs, so a killed sweep loses at most the run in flight. A record that is not valid JSON of a run's shape,
+or that a sweep finds to be another run's (other flags or seed, other base weights: the table was edited, the model
+replaced), is named with what to do and left out of the tables, never run over. A run in flight holds
+.seed-<s>.json.lock beside its record (checkpoint.output_lock: an flock, so the lock of a dead owner is taken over),
+so sweeps of one experiment on one --out share its runs: each run is run once, and a sweep waits for the runs that
+another live sweep holds before it reports. A run whose command equals a finished run of another experiment (SG-OPT
+with the defaults is in several) is not run again: its record is copied, naming the source (except in table6, whose
+timings come from one sweep). A run whose training equals such a run's and whose second step differs (Table 4's
+SG-OPT: Table 1's, then transfer) takes that run's checkpoint, while it is still beside its record, and runs only
+its own second step.
 
 Exit status: 0 when every run of the sweep is finished; 1 when a run failed, was held by another process
-(--no-wait), or has a bad record or lock; 2 for a usage error, ours or a run's (train.py's exit 2, which every run
-would repeat: the sweep stops at once); 128 + N when stopped by signal N (SIGINT, SIGTERM, SIGHUP): the run in
-flight is stopped with its whole process group, the locks are released, and the same command resumes the sweep.
+(--no-wait), or has a bad record (or another run's) or lock; 2 for a usage error, ours or a run's (train.py's exit
+2, which every run would repeat: the sweep stops at once); 128 + N when stopped by signal N (SIGINT, SIGTERM,
+SIGHUP): the run in flight is stopped with its whole process group, the locks are released, and the same command
+resumes the sweep.
 
 References: Kim, Yoo, Lee, ACL 2021: Table 1 (main STS table), Table 4 (SentEval transfer), Table 5 (ablation),
 Table 6 (efficiency), Figure 4 (domain robustness), appendix Table 9 (the 8 seeds).
@@ -159,7 +162,7 @@ EXPERIMENTS = {
        "paper's 5e-5 leaves the 7-task average where it started: small BERTs are fine-tuned at up to 1e-4 (Turc et al. 2019's grid: 3e-5, 5e-5, 1e-4); "
        "3e-4 probes beyond it. Every other setting is the paper's."),
     "precision": Experiment("bf16 autocast vs fp32 (the official code's precision)", [
-        Variant("fp32", ["--precision", "fp32"]),  # named: train.py's default is bf16 on CUDA
+        Variant("fp32", ["--precision", "fp32"]),  # train.py's default, named: the row says it (and its key is kept)
         Variant("bf16", ["--precision", "bf16"]),
     ], "bf16: autocast of BERT_F, BERT_T and the head; the similarity, softmax, loss, regulariser and the evaluation "
        "stay fp32. Read the bf16 row against the fp32 row's seed spread.", drops={"bf16": "fp32"}),

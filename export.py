@@ -53,6 +53,10 @@ def export(src, out_dir, force=False):
     # no '.' or '..' as a folder name (the temp names are built from it); a symlinked OUT_DIR: its target folder is
     # replaced, the link stays a link (a swap of the link itself would leave the old folder behind under a temp name)
     out = Path(os.path.realpath(out_dir))
+    source = Path(src) if os.path.exists(src) else checkpoint.WEIGHTS / str(src)  # as checkpoint.resolve finds it
+    if any(checkpoint.same_path(out, p) for p in (source, *Path(os.path.realpath(source)).parents)):
+        raise LoadError(f"OUT_DIR {out_dir} is {src} or a folder holding it: replacing it would delete what it "
+                        "exports (a model folder's pretrain.json, its MLM head); give another OUT_DIR")
     out.parent.mkdir(parents=True, exist_ok=True)
     with checkpoint.output_lock(out):
         checkpoint.clean_leftovers(out)  # what an export killed mid-way left here (and the old folder, if it was set aside)
@@ -235,9 +239,11 @@ def export_readme(name, meta, args, best, cfg, max_len, pooling="cls", st_poolin
                   "last layer instead, which is a different vector from the one this model was selected and evaluated "
                   "with. Use sgbert's `encode` (below) for the evaluated vector.", ""]
     if args:
+        base = meta.get("base_model")  # its recorded name, not the last folder of the path 'model' (.../model)
+        shown = {k: base if k == "model" and base else checkpoint.display_name(v) if k in PATHS and v else v
+                 for k, v in args.items()}
         lines += ["## Training", "", f"- loss: `{args.get('loss', '?')}`",
-                  "- arguments: " + ", ".join(f"`{k}={checkpoint.display_name(v) if k in PATHS and v else v}`"
-                                              for k, v in args.items())]
+                  "- arguments: " + ", ".join(f"`{k}={v}`" for k, v in shown.items())]
         if "dev" in best:
             dev = f"{best['dev']:.2f}" if isinstance(best["dev"], (int, float)) else best["dev"]
             lines += [f"- best STS-B dev Spearman x100: {dev}" + (f" (step {best['step']})" if "step" in best else "")]

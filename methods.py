@@ -22,7 +22,7 @@ from typing import Callable
 
 import augment
 import prompt
-from cli import at_least, device, die, positive
+from cli import at_least, die, positive
 
 POOLINGS = ("cls", "mean", "max", "first-last", "last2")  # bert.POOLINGS (tests/test_methods.py checks)
 
@@ -208,7 +208,8 @@ class Method:
 SG_ONLY = ("lam", "view_pooling", "teacher_dropout", "layers")  # flags that mean something for the SG family only
 CONTRASTIVE = (*SG_ONLY, "tau", "aug1", "aug2", "no_proj", "proj_size", "eval_every", "patience", "early_stop",
                "overfit_batch", "eval_pooling")  # ... for any contrastive method
-GRADIENT = ("lr", "weight_decay", "batch_size", "epochs", "dropout")  # ... for any method with gradient steps
+# ... for any method with gradient steps (--seed: the init, the order, the dropout masks; a whitening draws nothing)
+GRADIENT = ("lr", "weight_decay", "batch_size", "epochs", "max_steps", "log_every", "dropout", "seed")
 TWO_PASSES = "its side 2 is a second pass of BERT_T, not BERT_F's views"
 SG = dict(head=projection_head, regulariser=weight_distance_grad)  # the paper's head f and L^reg
 METHODS = {
@@ -237,10 +238,11 @@ METHODS = {
     # on). max_len 64: both codes read 64 tokens when they fit (bojone/BERT-whitening convert_to_vecs' maxlen,
     # BERT-flow's scripts/train_siamese.sh --max_seq_length); the evaluation reads evaluate.py's 128, as every method's
     "whitening": Method(pooling="first-last", eval_pooling="first-last", recipe=dict(max_len=64),
-                        ignores=(*CONTRASTIVE, *GRADIENT, "precision", "log_every"),
-                        why="a closed-form fit in fp32: no contrast, no gradient steps"),
+                        ignores=(*CONTRASTIVE, *GRADIENT, "precision"),
+                        why="a closed-form fit in fp32: no contrast, no steps, nothing drawn at random"),
     "flow": Method(pooling="first-last", eval_pooling="first-last", recipe=dict(lr=1e-3, batch_size=64, max_len=64),
-                   ignores=(*CONTRASTIVE, "precision"), why="a flow fitted by likelihood in fp32: no contrast"),
+                   ignores=(*CONTRASTIVE, "precision"),
+                   why="a flow fitted by likelihood in fp32: no contrast, no dev evaluation, no early stop"),
 }
 DEFAULTS = dict(tau=0.01, lr=5e-5, batch_size=16, max_len=128, dropout="on", aug1="none", aug2="none")  # SG-OPT's
 OWN_FLAGS = {"whiten_dim": "whitening", "template": "promptbert", "template2": "promptbert"}  # one method's settings
@@ -315,7 +317,7 @@ def add_method_flags(a):
 
 
 def resolve_config(args):
-    """The run's config, resolved once: the method's recipe for every flag not given, the precision for the device."""
+    """The run's config, resolved once: the method's recipe for every flag not given."""
     m = METHODS[args.loss]
     cfg = argparse.Namespace(**{k: v for k, v in vars(args).items() if k != "given"})
     for k, v in {**DEFAULTS, "pooling": m.pooling, "eval_pooling": m.eval_pooling, **m.recipe}.items():
@@ -323,7 +325,6 @@ def resolve_config(args):
             setattr(cfg, k, v)
     if m.sides is None:  # a fitted map applies to the vectors it was fitted on: evaluated with their pooling
         cfg.eval_pooling = cfg.pooling
-    cfg.precision = cfg.precision or ("bf16" if device(cfg.device) == "cuda" else "fp32")
     given = [k for k in m.ignores if k in args.given]
     given += [k for k, owner in OWN_FLAGS.items() if k in args.given and owner != args.loss]
     if given:

@@ -75,14 +75,15 @@ def bad_record_line(path, why):
     return f"warning: {path}: {why}; this run is left out (shown as missing): move the file aside and re-run the sweep"
 
 
-def load_records(exp, folder):
+def load_records(exp, folder, left_out=None):
     """{variant: [valid records]} of an experiment's folder, and [(path, what is wrong)] of the records that do not
-    count (corrupt, empty, of the wrong shape, a needed key missing)."""
-    recs, bad = {}, []
+    count (corrupt, empty, of the wrong shape, a needed key missing, or in left_out {path: why}: a sweep's records of
+    other runs than its own)."""
+    recs, bad, left_out = {}, [], left_out or {}
     for v in exp.variants:
         paths = [p for p in (folder / v.name).glob("*.json") if RECORD.fullmatch(p.name)]
         for path in sorted(paths, key=lambda p: (len(p.name), p.name)):  # seed-2 before seed-10
-            rec, why = read_record(path, needs(exp, v))
+            rec, why = (None, left_out[path]) if path in left_out else read_record(path, needs(exp, v))
             if rec is None:
                 bad.append((path, why))
             else:
@@ -254,11 +255,12 @@ TABLES = {"sts": sts_table, "transfer": transfer_table, "efficiency": efficiency
           "leaderboard": leaderboard_table}
 
 
-def report(name, exp, out, plot=None):
+def report(name, exp, out, plot=None, left_out=None):
     """Print the experiment's tables and write results.md and results.json beside its runs (a folder we may not
-    write to: the tables are printed all the same). Returns the summary, or None when it has no valid runs."""
+    write to: the tables are printed all the same). Returns the summary, or None when it has no valid runs.
+    left_out: {record path: why} that a sweep found to be other runs' records (named and left out as bad ones)."""
     out = Path(out)
-    recs, bad = load_records(exp, out / name)
+    recs, bad = load_records(exp, out / name, left_out)
     summary = summarize(exp, recs)
     for path, why in bad:
         print(bad_record_line(path, why), file=sys.stderr, flush=True)

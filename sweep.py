@@ -7,7 +7,8 @@ skips what is finished. What --help of experiments.py promises, and how:
   the same key is copied (same_as); one that trained the same model takes only its own second step on that run's
   checkpoint (trained_as).
 - A record appears only when the run has finished: the child writes a hidden .result.json, the sweep writes the
-  record atomically (checkpoint.write_json) from it. Only a valid record counts (report.read_record).
+  record atomically (checkpoint.write_json) from it. Only a valid record of this very run counts (report.read_record,
+  then its key and base weights' sha256: other_run); another run's record at its path is named, never run over.
 - A run in flight holds an flock beside its record (checkpoint.output_lock), so two sweeps on one --out (two cores,
   two experiments or --variants) run each run once; the kernel drops the flock of a dead sweep, so SIGKILL leaves
   nothing in the way of a resume. A sweep that meets a run another live sweep holds waits on its flock at the end.
@@ -167,15 +168,34 @@ def commands(run, args, extra, text):
     return key, cmd, then if second else None
 
 
-def find_finished(out, key, stem, paths, checkpoint=False):
-    """A finished valid run with this key anywhere under out (another experiment's, not itself a copy): (record path,
-    record), or None. Records that are not valid are passed over here (their own experiment's report names them).
-    checkpoint: only a run whose checkpoint is still beside its record."""
+def find_finished(out, key, stem, paths, sha=None, checkpoint=False):
+    """A finished valid run with this key and base weights (sha: their sha256) anywhere under out (another
+    experiment's, not itself a copy): (record path, record), or None. Records that are not valid are passed over here
+    (their own experiment's report names them). checkpoint: only a run whose checkpoint is still beside its record."""
     for path in sorted(out.glob(f"*/*/{stem}.json")):
         rec, _ = read_record(path, paths)
-        if rec and RunKey.parse(rec.get("key")) == key and "same_as" not in rec and (
-                not checkpoint or path.with_suffix(".safetensors").exists()):
+        if rec and RunKey.parse(rec.get("key")) == key and "same_as" not in rec and other_run(rec, key, sha) is None \
+                and (not checkpoint or path.with_suffix(".safetensors").exists()):
             return path, rec
+    return None
+
+
+def other_run(rec, key, sha):
+    """What makes a valid record another run's than this one (key; sha: its base weights' sha256), as a line, or None
+    when it is this run's. A record written before records kept keys (or hashes) is taken at its word."""
+    theirs = RunKey.parse(rec["key"]) if "key" in rec else key
+    if theirs is None:
+        return f"the record of another run (its key {rec['key']!r} is not a run's key)"
+
+    def text(x):  # a part of a key as the line shows it
+        return " ".join(x) if isinstance(x, tuple) and x else "none" if x in (None, ()) else x
+    differ = [f"its {f} {text(getattr(theirs, f))}, this run's {text(getattr(key, f))}"
+              for f in ("model", "command", "seed", "then") if getattr(theirs, f) != getattr(key, f)]
+    if differ:
+        return f"the record of another run ({'; '.join(differ)})"
+    if sha and rec.get("model_sha256") not in (None, sha):
+        return (f"the record of a run on other weights named {key.model} (sha256 {rec['model_sha256'][:16]}..., this "
+                f"run's {sha[:16]}...)")
     return None
 
 
@@ -325,41 +345,52 @@ def transfer_text(data_dir, dest, n=17256, seed=0):
 
 STATUS = {"done": "already finished", "ran": "run now", "copied": "copied", "others": "run by another process",
           "failed": "failed", "held": "held by another process", "bad": "not run (a bad record)",
-          "badlock": "not run (a bad lock)"}
+          "other": "not run (the record of another run)", "badlock": "not run (a bad lock)"}
 
 
 def run_one(run, exp, args, extra, text, tag, t_sweep):
     """Run one variant x seed unless it is finished, held or can be copied: (status, detail), status one of STATUS's
-    but 'others' (detail: the source, the log, the held lock and its owner, or the line naming a bad record or
-    lock)."""
-    record = run.path(".json")
+    but 'others' (detail: the source, the log, the held lock and its owner, the line naming a bad record or lock, or
+    (path, what differs) of another run's record at its path)."""
+    record, (key, cmd, then) = run.path(".json"), commands(run, args, extra, text)
+    sha = model_sha256(str(args.model))
     if record.exists():
-        rec, why = read_record(record, needs(exp, run.v))
-        return ("done", None) if rec else ("bad", bad_record_line(record, why))  # the report names it
-    key, cmd, then = commands(run, args, extra, text)
+        return finished(run, exp, key, sha)
     run.folder.mkdir(parents=True, exist_ok=True)
     lock = lock_of(record)
     try:
         with output_lock(record):
             if record.exists():  # finished by another process between our look and our lock
-                return "done", None
-            return copy_or_run(run, exp, Path(args.out), key, cmd, then, tag, t_sweep)
+                return finished(run, exp, key, sha)
+            return copy_or_run(run, exp, Path(args.out), key, sha, cmd, then, tag, t_sweep)
     except OutputLocked:
         return "held", f"{lock} (pid {owner(lock)})"
     except LoadError as e:  # the lock path is a folder, or a file we may not open
         return "badlock", f"warning: {e}; if no sweep is running on {args.out}, remove {lock} and re-run"
 
 
-def copy_or_run(run, exp, out, key, cmd, then, tag, t_sweep):
+def finished(run, exp, key, sha):
+    """A run whose record exists: ('done', None) when it is a valid record of this very run; ('bad', its line) when
+    it is not valid (the report names it); ('other', (its path, what differs)) when it is another run's (other flags,
+    other weights): never counted, reported or run over as this run's."""
+    record = run.path(".json")
+    rec, why = read_record(record, needs(exp, run.v))
+    if not rec:
+        return "bad", bad_record_line(record, why)
+    other = other_run(rec, key, sha)
+    return ("other", (record, other)) if other else ("done", None)
+
+
+def copy_or_run(run, exp, out, key, sha, cmd, then, tag, t_sweep):
     """With the run's lock held: copy the record of a finished run of another experiment with the same key, else
     run it (only its second step when another experiment's run trained this very model) and write its record."""
     record = run.path(".json")
-    same = None if exp.fresh else find_finished(out, key, run.stem, needs(exp, run.v))
+    same = None if exp.fresh else find_finished(out, key, run.stem, needs(exp, run.v), sha)
     if same:
         write_json(record, {**same[1], "same_as": same[0].relative_to(out).as_posix()})
         return "copied", same[0]
     trained = None if exp.fresh or not then else find_finished(
-        out, key.trained(), run.stem, [("train", "wall_seconds")], checkpoint=True)
+        out, key.trained(), run.stem, [("train", "wall_seconds")], sha, checkpoint=True)
     if trained:  # the second step reads that run's checkpoint
         i = then.index("--ckpt") + 1
         then = [*then[:i], str(trained[0].with_suffix(".safetensors")), *then[i + 1:]]
@@ -429,12 +460,12 @@ def sweep(name, exp, args, extra, data_dir):
             print(f"{tag} {run}: finished by another process", flush=True)
         elif status == "badlock":
             print(detail, file=sys.stderr, flush=True)
-    if not report(name, exp, out):
+    if not report(name, exp, out, left_out=dict(tally["other"])):  # named there, as a bad record is
         print(f"no finished runs of {name} to report yet", flush=True)
     counts = [f"{len(d)} {STATUS[s]}" + (f" ({'; '.join(map(str, d))})" if s in ("held", "failed") else "")
               for s, d in tally.items() if d]
     print(f"{name}: {len(runs)} runs: {', '.join(counts)}", flush=True)
-    return 1 if any(tally[s] for s in ("failed", "held", "bad", "badlock")) else 0
+    return 1 if any(tally[s] for s in ("failed", "held", "bad", "other", "badlock")) else 0
 
 # -----------------------------------------------------------------------------
 # signals: a stopped sweep stops its run in flight and releases its locks

@@ -96,8 +96,9 @@ def add_run_flags(a):
     a("--seed", type=seed_value, default=1, help="seed for the head init, the shuffle, layer sampling and dropout "
       "(default: %(default)s)")
     a("--device", default="auto", choices=["auto", "cpu", "cuda"], help="auto (default): cuda when available")
-    a("--precision", choices=["fp32", "bf16"], help="bf16: autocast of the encoders and the head (the similarity, "
-      "softmax, loss and regulariser stay fp32); default bf16 on CUDA, fp32 on CPU. The official code ran fp32")
+    a("--precision", choices=["fp32", "bf16"], default="fp32", help="fp32 (default, on every device: the official "
+      "code's precision), or bf16: an opt-in autocast of the encoders and the head (the similarity, softmax, loss and "
+      "regulariser stay fp32)")
     a("--log-every", type=at_least(1), default=10, help="one log line every N steps (default: %(default)s)")
     a("--overfit-batch", action="store_true", help="sanity check: train on the first batch over and over (loss must fall)")
     a("--eval-batch-size", type=at_least(1), default=128, help="batch size of the dev-set encoding (default: %(default)s)")
@@ -431,13 +432,11 @@ def fit_posthoc(cfg, device):
     if cfg.loss == "flow" and cfg.batch_size > len(sentences):
         die(f"--batch-size {cfg.batch_size}: the flow's batches are full ones, and --data has {len(sentences)} "
             "sentences; give a smaller --batch-size")
-    try:
-        lock = checkpoint.output_lock(cfg.out)  # one run per --out: a second one refuses in one line
-        lock.__enter__()
-    except checkpoint.OutputLocked as e:
-        die(e)
     with contextlib.ExitStack() as held:
-        held.push(lock.__exit__)
+        try:
+            held.enter_context(checkpoint.output_lock(cfg.out))  # one run per --out: a second one refuses in one line
+        except checkpoint.OutputLocked as e:
+            die(e)
         t0 = time.time()
         dropout = cfg.loss == "flow" and cfg.dropout == "on"
         torch.manual_seed(cfg.seed)  # the dropout masks: a function of --seed (torch's own first seed is random)

@@ -115,6 +115,30 @@ def test_save_removes_only_leftovers_of_dead_runs(tiny_config, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(keep + ["sg.safetensors"])
 
 
+@pytest.mark.parametrize("mu, W, info, key, shape", [
+    ((32,), (8, 32), {"kind": "whitening", "dim": 32}, "tensor 'transform.W'", "[8, 32], not [32, 32]"),  # W edited
+    ((8,), (8, 32), {"kind": "whitening", "dim": 32}, "tensor 'transform.mu'", "[8], not [32]"),  # mu and W: H = 8
+    ((16,), (32, 32), {"kind": "whitening", "dim": 32}, "tensor 'transform.mu'", "[16], not [32]"),
+    ((32,), (32, 8), {"kind": "whitening", "dim": 32}, "tensor 'transform.W'", "[32, 8], not [32, 32]"),  # not its dim
+    ((32,), (32, 32, 1), {"kind": "whitening"}, "tensor 'transform.W'", "[32, 32, 1], not [32, K]"),
+    (None, None, {"kind": "flow", "config": {"dim": 16, "levels": 3, "depth": 3, "width": 32}},
+     "metadata 'transform'", "it maps 16 dimensions"),
+])
+def test_a_fitted_map_of_the_wrong_shape_is_refused_when_read(tiny_config, tmp_path, mu, W, info, key, shape):
+    """A fitted transform's tensors are checked against the model's width when the checkpoint is read, in one line
+    naming the file and the key: never a 'mat1 and mat2 shapes cannot be multiplied' at the first encoding."""
+    model, path = tiny_model(tiny_config), tmp_path / "w.safetensors"
+    fitted = {} if mu is None else {"transform.mu": torch.zeros(mu), "transform.W": torch.ones(W)}
+    checkpoint.save_checkpoint(path, {**model.tensors(), **fitted},
+                               {"config": model.config.to_dict(), "pooling": "first-last", "transform": info})
+    with pytest.raises(LoadError) as e:
+        checkpoint.load(path)
+    msg = str(e.value)
+    assert msg.startswith(f"{path}: its ") and key in msg and shape in msg and len(msg.splitlines()) == 1, msg
+    assert "cannot be rebuilt" in msg and "hidden_size" in msg and "fit it again with train.py --loss" in msg
+    assert checkpoint.load(path, tensors=False).meta["transform"] == info  # the header alone: what a tokenizer needs
+
+
 def test_check_checkpoint_path(tmp_path):
     (tmp_path / "sg.safetensors").write_bytes(b"x")
     (tmp_path / "d.safetensors").mkdir()
@@ -176,6 +200,31 @@ def test_output_lock_one_process_per_output(tmp_path):
     lock.write_text("garbage")  # a lock file nobody holds, whatever it says
     with checkpoint.output_lock(out):
         pass
+    assert not lock.exists()
+
+
+@pytest.mark.parametrize("module, name", [("fcntl", "flock"), ("os", "ftruncate"), ("os", "write")])
+def test_a_ctrl_c_while_the_lock_is_taken_leaves_no_lock_file(tmp_path, monkeypatch, module, name):
+    """Ctrl-C landing inside output_lock, after its lock file is made and before the lock is handed out (train.py,
+    pretrain.py, export.py and a sweep all take it there): no .NAME.lock file stays, and the output locks again."""
+    import fcntl
+    out, lock = tmp_path / "sg.safetensors", tmp_path / ".sg.safetensors.lock"
+    owner = {"fcntl": fcntl, "os": os}[module]
+    real, calls = getattr(owner, name), []
+
+    def interrupted(*a):
+        if not calls:  # the first call, as a Ctrl-C there
+            calls.append(a)
+            raise KeyboardInterrupt
+        return real(*a)
+    monkeypatch.setattr(owner, name, interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        with checkpoint.output_lock(out):
+            pytest.fail("the lock was handed out")
+    monkeypatch.undo()
+    assert calls and not lock.exists(), f"Ctrl-C in {name}: {lock.name} was left behind"
+    with checkpoint.output_lock(out):
+        assert lock.read_text() == f"{os.getpid()}\n"
     assert not lock.exists()
 
 

@@ -82,6 +82,21 @@ def test_one_rule_finds_the_data_folder(tmp_path, monkeypatch):
         data.resolve_data_dir(fetch=False)
 
 
+def test_a_relative_data_folder_is_resolved_to_an_absolute_path(tmp_path, monkeypatch):
+    """./data (or a relative --data-dir / $SG_DATA) comes back absolute, so a child process started in another folder
+    (a sweep's runs, the tests' subprocesses) finds the same data instead of downloading into its own ./data."""
+    (tmp_path / "real/senteval").mkdir(parents=True)
+    (tmp_path / "real" / data.STSB_FILE).touch()
+    (tmp_path / "data").symlink_to(tmp_path / "real")  # as `ln -s ../shared/data data` in a clone
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("SG_DATA", raising=False)
+    found = [data.resolve_data_dir(fetch=False), data.resolve_data_dir("data", fetch=False)]
+    monkeypatch.setenv("SG_DATA", "real")
+    found.append(data.resolve_data_dir(fetch=False))
+    monkeypatch.chdir(tmp_path / "real")  # another cwd: the folders must still be the same ones
+    assert all(d.is_absolute() and (d / "senteval").is_dir() and d.samefile(tmp_path / "real") for d in found), found
+
+
 def test_skipped_real_data_tests_are_summed_up_in_one_line(tmp_path):
     """Without the data folder the real-data tests are skipped, and the run ends with one line saying how many, where
     it looked and how to point at the data."""

@@ -301,7 +301,7 @@ def test_resolve_data_dir(tiny_data, tmp_path, monkeypatch):
     assert data.resolve_data_dir(str(root)) == root
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("SG_DATA")
-    assert data.resolve_data_dir() == Path("data")  # ./data, which tiny_data wrote in tmp_path
+    assert data.resolve_data_dir() == (tmp_path / "data").resolve()  # ./data (tiny_data wrote it), made absolute
     with pytest.raises(DataError, match=r"nowhere.*--data-dir.*python data.py --download"):
         data.resolve_data_dir(str(tmp_path / "nowhere"), fetch=False)
 
@@ -693,7 +693,9 @@ def test_pairs_out_and_json_hold_every_pair_and_same_names_stay_apart(tiny_model
     assert res["sts"]["a/test.tsv"]["all"] == pytest.approx(100 * spearmanr(cos, [y for *_, y in PAIR_ROWS]).statistic)
     assert res["sts"]["a/test.tsv"]["pearson"] == pytest.approx(100 * pearsonr(cos, [y for *_, y in PAIR_ROWS]).statistic)
     assert res["sts"]["a/test.tsv"]["n"] == 5 and res["sts"]["b/test.tsv"]["n"] == 3
-    assert f"8 pairs with their cosines written to {out}" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert f"8 pairs with their cosines written to {out}" in printed
+    assert [x.split(":")[0] for x in printed.splitlines() if ": Spearman" in x] == ["a/test.tsv", "b/test.tsv"], printed
 
 
 def test_one_pairs_file_prints_one_line(tiny_model, tmp_path, capsys):
@@ -708,14 +710,13 @@ def test_one_pairs_file_prints_one_line(tiny_model, tmp_path, capsys):
     assert [k for k in res["sts"] if k not in evaluate.SUMMARY] == ["mine.tsv"]
 
 
-@pytest.mark.parametrize("rows, why", [
-    ([(a, b, 2.0) for a, b, _ in PAIR_ROWS], "every gold score is the same"),
-    ([(a, a, y) for a, _, y in PAIR_ROWS], "every cosine is 1: each sentence against itself"),
-])
-def test_constant_pairs_give_undefined_not_a_number(tiny_model, tmp_path, capsys, rows, why):
+def test_constant_cosines_give_undefined_not_a_number(tiny_model, tmp_path, capsys):
+    """Every cosine 1 (each sentence against itself): undefined, the cosines still come. (Constant gold scores are
+    the file's fault: refused, test_constant_gold_scores_are_refused_naming_the_file.)"""
+    rows = [(a, a, y) for a, _, y in PAIR_ROWS]
     mine, js = write_pairs(tmp_path / "mine.tsv", rows), tmp_path / "r.json"
     res = evaluate.main(["--model", str(tiny_model), "--pairs", str(mine), "--json", str(js), "--device", "cpu"])
-    assert math.isnan(res["sts"]["mine.tsv"]["all"]) and math.isnan(res["sts"]["mine.tsv"]["pearson"]), why
+    assert math.isnan(res["sts"]["mine.tsv"]["all"]) and math.isnan(res["sts"]["mine.tsv"]["pearson"])
     assert "mine.tsv: Spearman undefined | Pearson undefined | n 5" in capsys.readouterr().out
     got = json.loads(js.read_text())
     assert got["sts"]["mine.tsv"]["all"] is None and got["sts"]["mine.tsv"]["pearson"] is None
@@ -742,3 +743,92 @@ def test_wk_on_a_one_layer_model_is_one_line(tmp_path, tiny_config, tiny_data):
                 "--tasks", "STS13")
     assert_one_line_error(r, "--pooling wk", "at least three hidden states")
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+
+# -----------------------------------------------------------------------------
+# outputs: never an input, a write error names the file; --pairs-plot's base model is the recorded one
+
+
+@pytest.mark.parametrize("flags", [
+    ["--pairs", "{mine}", "--pairs-out", "{mine}"],
+    ["--pairs", "{mine}", "--pairs-out", "{tmp}/sub/../mine.tsv"],  # another spelling
+    ["--pairs", "{mine}", "--pairs-out", "{tmp}/link.tsv"],  # a symlink to it
+    ["--pairs", "{mine}", "--json", "{model}/config.json"],  # a file of the --model folder
+])
+def test_an_output_that_is_an_input_is_refused_and_nothing_is_touched(tiny_model, tmp_path, capsys, flags):
+    mine = write_pairs(tmp_path / "mine.tsv", PAIR_ROWS)
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "link.tsv").symlink_to(mine)
+    fill = lambda x: x.format(mine=mine, tmp=tmp_path, model=tiny_model)
+    before = {f: f.read_bytes() for f in (mine, tiny_model / "config.json")}
+    with pytest.raises(SystemExit) as e:
+        evaluate.main(["--model", str(tiny_model), *map(fill, flags), "--device", "cpu"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1 and err.startswith(f"error: {fill(flags[-2])} {fill(flags[-1])} "
+                                                                         "is the "), err
+    assert "give another file" in err and {f: f.read_bytes() for f in before} == before
+
+
+@pytest.mark.parametrize("flags, fails", [(["--pairs-out", "{tmp}/p.tsv"], "{tmp}/p.tsv"),
+                                          (["--pairs-out", "{tmp}/p.tsv", "--json", "{tmp}/r.json"], "{tmp}/p.tsv")])
+def test_a_write_error_names_the_file_it_could_not_write(tiny_model, tmp_path, capsys, monkeypatch, flags, fails):
+    """A full disk shows at the flush (os.fsync here): the OSError names no file, so the message must."""
+    mine = write_pairs(tmp_path / "mine.tsv", PAIR_ROWS)
+
+    def full(fd):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(os, "fsync", full)
+    fill = lambda x: x.format(tmp=tmp_path)
+    with pytest.raises(SystemExit) as e:
+        evaluate.main(["--model", str(tiny_model), "--pairs", str(mine), *map(fill, flags), "--device", "cpu"])
+    err = capsys.readouterr().err
+    assert e.value.code == 1 and err.splitlines()[-1] == f"error: cannot write {fill(fails)} (No space left on " \
+                                                         "device); the results above were not saved", err
+    assert not any(p.name.startswith(".") for p in tmp_path.iterdir())  # no temp file left
+
+
+def test_constant_gold_scores_are_refused_naming_the_file(tiny_model, tmp_path):
+    """Every gold score the same: the Spearman is undefined, refused like a one-pair file (not 'nan', exit 0)."""
+    mine = write_pairs(tmp_path / "mine.tsv", [(a, b, 2.0) for a, b, _ in PAIR_ROWS])
+    r = run_cli("evaluate.py", "--model", str(tiny_model), "--pairs", str(mine), "--device", "cpu")
+    assert_one_line_error(r, str(mine), "every gold score is 2.0")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+@pytest.fixture
+def pairs_plot_run(tiny_model, tiny_data, tmp_path, monkeypatch):
+    """evaluate.main --ckpt C --pairs-plot fig.png on a checkpoint whose base is tiny_model, recording base_sha256
+    (a value, or absent); the plot itself faked (no matplotlib needed): -> (titles of the panels, or the SystemExit)."""
+    import types
+    monkeypatch.setitem(sys.modules, "matplotlib", types.ModuleType("matplotlib"))
+    monkeypatch.setattr(evaluate, "sts_pairs_2d", lambda vectors, data_dir: (vectors(["w1 x1"]), None))
+    drawn = {}
+    monkeypatch.setattr(evaluate, "plot_pairs", lambda panels, path: drawn.update(panels=list(panels), path=path))
+
+    def run(**sha):
+        model, tok = bert.Bert.from_pretrained(tiny_model), bert.load_tokenizer(tiny_model)
+        ckpt = tmp_path / "sg.safetensors"
+        save_model(ckpt, model, {"tokenizer": tok.to_str(), "base_model": "tiny-bert",
+                                 "args": {"model": str(tiny_model)}, **sha})
+        try:
+            evaluate.main(["--ckpt", str(ckpt), "--data-dir", str(tiny_data[0]), "--pairs-plot",
+                           str(tmp_path / "fig.png"), "--device", "cpu"])
+        except SystemExit as e:
+            return e
+        return drawn["panels"]
+    return run
+
+
+def test_pairs_plot_refuses_a_base_model_that_is_not_the_recorded_one(pairs_plot_run, tiny_model, capsys):
+    e = pairs_plot_run(base_sha256="0" * 64)  # the weights on disk have changed since training
+    err = capsys.readouterr().err
+    assert isinstance(e, SystemExit) and e.code == 2 and err.count("\n") == 1, err
+    assert err.startswith("error: --pairs-plot: ") and str(tiny_model) in err and "sha256" in err, err
+    sha = checkpoint.file_sha256(tiny_model / "model.safetensors")
+    assert pairs_plot_run(base_sha256=sha) == ["before: tiny-bert", "after: sg.safetensors"]
+    assert "warning" not in capsys.readouterr().err
+
+
+def test_pairs_plot_of_an_old_checkpoint_without_base_sha256_warns_and_goes_on(pairs_plot_run, capsys):
+    assert pairs_plot_run() == ["before: tiny-bert", "after: sg.safetensors"]
+    warnings = [x for x in capsys.readouterr().err.splitlines() if x.startswith("warning")]
+    assert len(warnings) == 1 and "sha256" in warnings[0] and "sg.safetensors" in warnings[0], warnings

