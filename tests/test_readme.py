@@ -17,19 +17,21 @@ WRITERS = {"train.py": ("--overwrite", "sg.safetensors"), "export.py": ("--force
 
 
 def bash_blocks(text):
-    """[(section title, [(line number, command), ...])] of every ```bash block; continuation lines joined."""
+    """[(section title, [(line number, command), ...])] of every ```bash block; continuation lines joined, each command
+    numbered by the line it starts on."""
     blocks = []
     for m in re.finditer(r"^([ \t]*)```bash\n(.*?)^[ \t]*```", text, re.M | re.S):
         first = text[:m.start(2)].count("\n") + 1
         section = ([""] + re.findall(r"^## (.+)$", text[:m.start()], re.M))[-1]
-        lines, cmds, held = m.group(2).split("\n"), [], ""
+        lines, cmds, held, start = m.group(2).split("\n"), [], "", 0
         for i, line in enumerate(lines):
+            start = start if held else i
             held += line.strip()
             if held.endswith("\\"):
                 held = held[:-1] + " "
                 continue
-            if held:
-                cmds += [(first + i, part) for part in held.split("&&")]
+            if held:  # a line ending in && chains on to the next (the Quick start): nothing after it on this line
+                cmds += [(first + start, part) for part in held.split("&&") if part.strip()]
             held = ""
         blocks.append((section, cmds))
     return blocks
@@ -69,7 +71,7 @@ def test_no_command_writes_over_an_earlier_ones_output():
 
 def test_the_reader_is_parsed():
     """The parser of the test above, on a made-up README: continuations, &&, comments, defaults, patterns."""
-    text = ("## Quick start\n\n```bash\npython train.py --model m --out a.safetensors --overwrite && python evaluate.py "
+    text = ("## Quick start\n\n```bash\npython train.py --model m --out a.safetensors --overwrite &&\npython evaluate.py "
             "--ckpt a.safetensors\n```\n\n## More\n\n  ```bash\n  python train.py --loss sg \\\n    --seed 2  # b\n"
             "  python export.py a.safetensors st/  # x\n  torchrun train.py ...\n  ```\n")
     blocks = bash_blocks(text)
@@ -77,7 +79,7 @@ def test_the_reader_is_parsed():
     assert [output_of(c) for _, c in blocks[0][1]] == [("train.py", "a.safetensors", True), None]
     assert [output_of(c) for _, c in blocks[1][1]] == [("train.py", "sg.safetensors", False),
                                                       ("export.py", "st", False), None]
-    assert blocks[1][1][0][0] == 11  # the line the command starts on
+    assert [n for n, _ in blocks[0][1]] == [4, 5] and blocks[1][1][0][0] == 11  # the line each command starts on
 
 
 def snippet():
@@ -100,3 +102,42 @@ def test_the_python_example_runs_as_written(tmp_path):
     assert r.returncode == 0, r.stderr
     cos = np.array([[float(v) for v in re.findall(r"-?\d+\.\d*", row)] for row in r.stdout.strip().splitlines()])
     assert cos.shape == (3, 3) and np.allclose(np.diag(cos), 1, atol=1e-3) and np.allclose(cos, cos.T), r.stdout
+
+
+DOCS = ["README.md", "docs/fidelity.md", "weights/README.md", "results/README.md", "results/raw/README.md"]
+
+
+def without_code(md):
+    """Markdown less its fenced blocks and code spans (a `# comment` is no heading, `[X](...)` in code no link)."""
+    md = re.sub(r"^[ \t]*```.*?^[ \t]*```", "", md, flags=re.M | re.S)
+    return re.sub(r"`[^`\n]*`", "", md)
+
+
+def anchors(md):
+    """The ids GitHub gives a file's headings: lower case, punctuation dropped, spaces as hyphens."""
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-")
+            for h in re.findall(r"^#{1,6} (.+)$", without_code(md), re.M)}
+
+
+def test_every_link_resolves():
+    """Each relative link (and image) of the README and the docs it links to names a file that exists, and a heading
+    that exists when it has a #anchor."""
+    broken = []
+    for doc in DOCS:
+        path = ROOT / doc
+        for target in re.findall(r"\]\(([^)\s]+)\)", without_code(path.read_text())):
+            if re.match(r"[a-z]+:", target):  # https:, mailto:
+                continue
+            file, _, anchor = target.partition("#")
+            dest = path.parent / file if file else path
+            if not dest.exists():
+                broken.append(f"{doc}: ({target}): no {dest.relative_to(ROOT) if dest.is_relative_to(ROOT) else dest}")
+            elif anchor and dest.suffix == ".md" and anchor not in anchors(dest.read_text()):
+                broken.append(f"{doc}: ({target}): no heading #{anchor} in {dest.relative_to(ROOT)}")
+    assert not broken, "\n".join(broken)
+
+
+def test_anchors_are_githubs():
+    assert anchors("## Pretrain a raw BERT\n```bash\n# not a heading\n```\n### SentEval transfer tasks (evaluate.py)\n"
+                   "## Table 1, capped at 300 steps\n") == {"pretrain-a-raw-bert", "senteval-transfer-tasks-evaluatepy",
+                                                           "table-1-capped-at-300-steps"}

@@ -146,7 +146,7 @@ def test_fit_equals_senteval_mlp():
     """The same run as SentEval's own classifier (its reference copy), with validation_data and validation_split."""
     pytest.importorskip("sklearn", reason="SentEval's package imports scikit-learn")
     if not (SENTEVAL / "senteval" / "tools" / "classifier.py").is_file():
-        pytest.skip(f"no SentEval reference copy at {SENTEVAL} (set SENTEVAL_DIR)")
+        pytest.skip(f"no SentEval reference copy at {SENTEVAL} (set SENTEVAL_DIR: README.md#evaluate-and-export)")
     bench.import_senteval()  # SentEval's code, adapted to a CPU as bench.py runs it
     from senteval.tools.classifier import MLP
     X, y = toy_problem(n=300, d=5, C=2, noise=0.7, seed=1)
