@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPTS = ["train.py", "evaluate.py", "experiments.py", "data.py", "pretrain.py", "export.py", "bench.py"]
+SCRIPTS = ["train.py", "evaluate.py", "experiments.py", "data.py", "pretrain.py", "export.py", "bench.py", "corpus.py", "probe.py"]
 
 PROBE = """
 import runpy, sys
