@@ -41,6 +41,7 @@ from report import report, say
 from sweep import TRANSFER_TEXT
 
 PAPER_SEEDS = [1, 2, 3, 4, 1234, 2345, 3456, 7890]  # appendix Table 9
+RECIPE_LRS = ("1e-4", "3e-4", "5e-4")  # the recipe experiment's peak learning rates
 EXAMPLES = """examples:
   python experiments.py list
   python experiments.py table5 --model $M --seeds 1 2 3 --max-steps 300 --out results
@@ -161,6 +162,22 @@ EXPERIMENTS = {
     ], "For a model much smaller than BERT-base (raw-bert-mini: 4 layers, hidden 256), on which the SG family at the "
        "paper's 5e-5 leaves the 7-task average where it started: small BERTs are fine-tuned at up to 1e-4 (Turc et al. 2019's grid: 3e-5, 5e-5, 1e-4); "
        "3e-4 probes beyond it. Every other setting is the paper's."),
+    "dropout": Experiment("SG-OPT with BERT's dropout off in BERT_T and BERT_F (for a model pretrained without it)", [
+        SG_OPT,
+        Variant("dropout-off", ["--dropout", "off", "--teacher-dropout", "off"]),
+    ], "pretrain.py's default pretrains with dropout off (Cramming), and SG-OPT trains BERT_T, and by the official "
+       "code's default makes BERT_F's views, with BERT's dropout 0.1 on: such a model meets dropout first in "
+       "fine-tuning (probe.py measures how far it moves the vectors). dropout-off takes it away on both sides."),
+    "recipe": Experiment("A small-model recipe: peak lr 1e-4 / 3e-4 / 5e-4 over a larger unlabelled set", [
+        *[Variant(f"simcse-lr-{lr}", ["--loss", "simcse", "--lr", lr]) for lr in RECIPE_LRS],
+        *[Variant(f"sg-opt-lr-{lr}", ["--lr", lr]) for lr in RECIPE_LRS],
+    ], "For a 4-layer model: SimCSE and SG-OPT at a small model's learning rates (SCT, TACL 2023, fine-tunes "
+       "BERT-Mini at 3e-4 to 5e-4) for one epoch of the set given with --data (e.g. `python pretrain.py --add-text "
+       "text/packages.txt --sample 32768 --sample-out text/recipe-32k.txt`: 32,768 sentences of the pretraining text, "
+       "none an evaluation sentence: 2,048 steps of 16, 1.9x the paper's one epoch of STS-B), STS-B dev every 50 "
+       "steps; each method's other settings are its own recipe's. Pick the row on STS-B dev (the records' dev) only. "
+       "SCT's own (batch 128, 10 epochs of ~1M NLI sentences) and even 2 epochs here are beyond a 2-core CPU's "
+       "session: add --epochs N to run more."),
     "precision": Experiment("bf16 autocast vs fp32 (the official code's precision)", [
         Variant("fp32", ["--precision", "fp32"]),  # train.py's default, named: the row says it (and its key is kept)
         Variant("bf16", ["--precision", "bf16"]),

