@@ -108,7 +108,11 @@ def get_args(argv=None):
       "from the same text")
     a("--sample-out", help="where --sample writes (a .txt file)")
     a("--fresh", action="store_true", help="ignore (and replace) the resume state of an earlier run")
-    args = p.parse_args(argv)
+    return check_args(p.parse_args(argv))
+
+
+def check_args(args):
+    """The flags taken together: one line for a combination or value that cannot run, before any work."""
     if bool(args.sample) != bool(args.sample_out):
         die("--sample N and --sample-out FILE go together")
     if args.sample_out:
