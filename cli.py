@@ -87,3 +87,32 @@ def git_sha():
                               cwd=Path(__file__).parent, timeout=5).stdout.strip() or "unknown"
     except (OSError, subprocess.SubprocessError):
         return "unknown"
+
+
+def cpu_kind():
+    """What a speed figure or a bf16 run depends on: {'model': the CPU's name, 'capability': torch's vector ISA
+    (torch.backends.cpu.get_cpu_capability()), 'bf16_unit': whether oneDNN finds bf16 matrix instructions
+    (AVX512-BF16 or AMX) - without them a bf16 GEMM is emulated and several times slower than fp32}."""
+    import platform
+    import torch
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), model)
+    except OSError:
+        pass
+    try:
+        unit = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        unit = False
+    return {"model": model, "capability": torch.backends.cpu.get_cpu_capability(), "bf16_unit": unit}
+
+
+def warn_slow_bf16(precision, device):
+    """One line on stderr when bf16 is asked for on a CPU without a bf16 unit (it runs, but emulated and slow)."""
+    if precision == "bf16" and device == "cpu":
+        kind = cpu_kind()
+        if not kind["bf16_unit"]:
+            print(f"note: --precision bf16 on a CPU without bf16 matrix instructions ({kind['model']}, "
+                  f"{kind['capability']}): bf16 is emulated here and runs several times slower than fp32; "
+                  "use --precision fp32 on this machine", file=sys.stderr)
