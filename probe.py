@@ -13,7 +13,9 @@ On the STS-B dev sentences, for each pooling (cls, mean; the last layer), over -
 - dev_off, dev_on: STS-B dev Spearman x100 of the vectors made with dropout off, and with it on (mean over draws).
 """
 import argparse
+import os
 import sys
+from pathlib import Path
 
 import cli
 
@@ -75,8 +77,28 @@ def probe(model, tokenizer, s1, s2, gold, draws, seed):
     return out
 
 
+def check_json(path, model):
+    """--json before any work: a .json file name in a folder we can write to, and neither one of the model's files
+    nor a file inside its folder (the record over its config.json would leave a model that no longer loads)."""
+    try:
+        checkpoint.check_output(path, ".json")
+    except LoadError as e:
+        cli.die(f"--json {e}")
+    source = Path(model) if os.path.exists(model) else checkpoint.WEIGHTS / str(model)  # as checkpoint.resolve finds it
+    try:
+        files = [*source.iterdir()] if source.is_dir() else []  # by inode too: a hard link to its config.json
+    except OSError:
+        files = []  # an unreadable folder: loading the model names it
+    if any(checkpoint.same_path(path, f) for f in (source, *files)) or any(
+            checkpoint.same_path(source, d) for d in Path(os.path.realpath(path)).parents):
+        cli.die(f"--json {path} is one of the files of the model {model} or inside its folder: writing it would "
+                "replace what the model is made of; give another file")
+
+
 def main(argv=None):
     args = get_args(argv)
+    if args.json:
+        check_json(args.json, args.model)
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
@@ -84,8 +106,6 @@ def main(argv=None):
         s1, s2, gold = load_stsb("dev", data_dir)
         model = bert.Bert.from_pretrained(args.model)  # the encoder alone: a checkpoint's fitted map is not probed
         tokenizer = evaluate.eval_tokenizer(bert.load_tokenizer(args.model), model.config)
-        if args.json:
-            checkpoint.check_output(args.json, ".json")
     except (DataError, LoadError) as e:
         cli.die(e)
     p = model.config.hidden_dropout_prob
