@@ -389,6 +389,18 @@ def atomic_write(path, write):
     then renamed over path, so a reader (or a crash) sees the old file or the new one, never half of one. What a
     killed earlier writer left beside path is cleaned first. A symlink is followed: its target is replaced."""
     path = Path(os.path.realpath(path))
+    tmp = staged(path, write)
+    try:
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def staged(path, write):
+    """path's new bytes written through write(f) into its temp file beside it and flushed to disk; returns the temp
+    file, for the caller to rename in (os.replace). What killed earlier writers left is cleaned first; a failed write
+    leaves no temp file."""
     clean_leftovers(path)
     tmp = temp_path(path)
     try:
@@ -396,10 +408,30 @@ def atomic_write(path, write):
             write(f)
             f.flush()
             os.fsync(f.fileno())  # the data is on disk before the rename makes it the file
-        os.replace(tmp, path)
-    finally:
+    except BaseException:
         if os.path.exists(tmp):
             os.remove(tmp)
+        raise
+    return tmp
+
+
+def write_pair(path, text, record_path, record):
+    """A text file and its JSON record, which names the text's sha256: two files that must change together. Both are
+    staged (written and flushed) first, then the old record is removed, the text renamed in, the record last. An
+    error before the renames leaves both as they were; a kill between them leaves the old text or the new one with no
+    record beside it, never the record of another text (and a reader compares the record's sha256 with the text's)."""
+    paths, tmps = [Path(os.path.realpath(p)) for p in (path, record_path)], []
+    try:
+        for p, data in zip(paths, (text.encode("utf-8"), json_text(record).encode("utf-8"))):
+            tmps.append(staged(p, lambda f: f.write(data)))
+        if os.path.lexists(paths[1]):
+            os.remove(paths[1])
+        for tmp, p in zip(tmps, paths):
+            os.replace(tmp, p)
+    finally:
+        for tmp in tmps:
+            if os.path.exists(tmp):
+                os.remove(tmp)
 
 
 def write_text(path, text):
@@ -415,8 +447,12 @@ def json_safe(x):
     return None if isinstance(x, float) and not math.isfinite(x) else x
 
 
+def json_text(obj):
+    return json.dumps(json_safe(obj), indent=2, allow_nan=False) + "\n"
+
+
 def write_json(path, obj):
-    write_text(path, json.dumps(json_safe(obj), indent=2, allow_nan=False) + "\n")
+    write_text(path, json_text(obj))
 
 
 def check_output(path, suffix):

@@ -1,6 +1,8 @@
 """checkpoint.py: the disk. Same bytes for the same checkpoint, atomic saves, leftovers of dead runs, one writer
 per output, the hub layout and offline messages, output path checks."""
+import contextlib
 import http.server
+import json
 import os
 import subprocess
 import sys
@@ -113,6 +115,39 @@ def test_save_removes_only_leftovers_of_dead_runs(tiny_config, tmp_path):
     (tmp_path / f".sg.safetensors.{d2}.tmp" / "config.json").write_bytes(b"x")
     save_model(tmp_path / "sg.safetensors", tiny_model(tiny_config), {})
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(keep + ["sg.safetensors"])
+
+
+def test_write_pair_never_leaves_a_record_beside_another_text(tmp_path, monkeypatch):
+    """A text and its record (corpus.py's): an error before the renames leaves both as they were, temp files gone; a
+    kill at any rename leaves the old pair, or a text with no record, or the new pair: never a mismatched pair."""
+    text, rec = tmp_path / "p.txt", tmp_path / "p.txt.json"
+
+    def pair():
+        return text.read_text() if text.exists() else None, json.loads(rec.read_text()) if rec.exists() else None
+    checkpoint.write_pair(text, "old\n", rec, {"text": "old\n"})
+    assert pair() == ("old\n", {"text": "old\n"})
+    real = os.replace
+    for k in range(3):  # killed at the k-th rename (the removal of the old record comes before the first)
+        calls = []
+
+        def killed(src, dst):
+            calls.append(dst)
+            if len(calls) > k:
+                raise KeyboardInterrupt
+            return real(src, dst)
+        monkeypatch.setattr(os, "replace", killed)
+        with pytest.raises(KeyboardInterrupt) if k < 2 else contextlib.nullcontext():
+            checkpoint.write_pair(text, "new\n", rec, {"text": "new\n"})
+        monkeypatch.setattr(os, "replace", real)
+        t, r = pair()
+        assert r is None or r["text"] == t, (k, t, r)
+        assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+        checkpoint.write_pair(text, "old\n", rec, {"text": "old\n"})
+    rec.unlink()
+    rec.mkdir()  # an error before the renames: the text is kept
+    with pytest.raises(IsADirectoryError):
+        checkpoint.write_pair(text, "new\n", rec, {"text": "new\n"})
+    assert text.read_text() == "old\n" and sorted(p.name for p in tmp_path.iterdir()) == ["p.txt", "p.txt.json"]
 
 
 @pytest.mark.parametrize("mu, W, info, key, shape", [
