@@ -306,6 +306,10 @@ def check_sweep(args, extra):
     if idle:
         die(f"{idle[0]} means nothing for any run of {args.command}" + (" --variants ..." if args.variants else "")
             + " (train.py refuses it for their methods, evaluate.py does not take it): drop it")
+    for flag, rows in sweep.overridden(runs, extra).items():
+        die(f"{flag} is set by the row(s) {', '.join(rows)} of {args.command} themselves (`python experiments.py "
+            f"list` shows their flags), and a row's flags win over the sweep's: these runs would ignore it; drop "
+            f"{flag}, or choose rows that do not set it with --variants")
 
 
 def check_report(args):

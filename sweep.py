@@ -104,10 +104,25 @@ def takes(v, flag):
     return methods.takes(next((g[1] for g in flag_groups(v.flags) if g[0] == "--loss" and len(g) > 1), "opt"), flag)
 
 
+def flag_names(flags):
+    return [g[0].partition("=")[0] for g in flag_groups(flags) if g[0].startswith("--")]
+
+
 def untaken(runs, extra):
     """The sweep's flags that no run of it takes (train.py's by its method, evaluate.py's by EVAL_FLAGS)."""
-    names = [g[0].partition("=")[0] for g in flag_groups(extra) if g[0].startswith("--")]
-    return [f for f in names if not any(f in EVAL_FLAGS if r.v.evaluate_only else takes(r.v, f) for r in runs)]
+    return [f for f in flag_names(extra) if not any(f in EVAL_FLAGS if r.v.evaluate_only else takes(r.v, f)
+                                                    for r in runs)]
+
+
+def overridden(runs, extra):
+    """{flag: [variants]} of the sweep's flags that a train.py run's variant sets itself: its flags come after the
+    sweep's (commands), so argparse keeps the variant's and the sweep's would be ignored. (evaluate.py runs and
+    second steps take the sweep's flags after the variant's: there the sweep's win, as Table 6 means them to.)"""
+    out = {}
+    for f in flag_names(extra):
+        for v in dict.fromkeys(r.v.name for r in runs if not r.v.evaluate_only and f in flag_names(r.v.flags)):
+            out.setdefault(f, []).append(v)
+    return out
 
 # -----------------------------------------------------------------------------
 # one run: its key and commands, its child processes, its record

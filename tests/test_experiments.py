@@ -805,3 +805,23 @@ def test_a_sweep_killed_with_sigkill_leaves_no_run_behind_and_resumes(fake):
     r = subprocess.run(driver(fake, [dict(name="a")], "--seeds", "1"), capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and r.stdout.strip().splitlines()[-1] == "t: 1 runs: 1 run now", r.stderr
     assert (fake.out / "t/a/seed-1.json").exists()
+
+
+def test_a_sweep_flag_that_a_row_sets_itself_is_refused_in_one_line(fake, capsys):
+    """Issue 53 item 8: `recipe --lr 1e-3` trained at the rows' own 1e-4 / 3e-4 / 5e-4 (a row's flags come after the
+    sweep's, and argparse keeps the last). Refused, naming the rows; rows that do not set it still take it."""
+    for argv, flag, rows in ((["recipe", "--lr", "1e-3"], "--lr", "simcse-lr-1e-4, simcse-lr-3e-4"),
+                             (["recipe", "--variants", "sg-opt-lr-3e-4", "--lr=1e-3"], "--lr", "sg-opt-lr-3e-4 of"),
+                             (["table5", "--tau", "0.05"], "--tau", "tau-0.1 of table5"),
+                             (["figure4", "--data", str(fake.tmp / "a.txt")], "--data", "sg-opt-transfer-text, "
+                                                                                      "flow-transfer-text of")):
+        with pytest.raises(SystemExit) as e:
+            experiments.main([argv[0], *fake.argv, *argv[1:]])
+        err = capsys.readouterr().err.strip()
+        assert e.value.code == 2 and len(err.splitlines()) == 1, err
+        assert err.startswith(f"error: {flag} is set by the row(s) ") and rows in err and "drop" in err, err
+    assert fake.calls() == []
+    args, extra = experiments.get_args(["table5", "--variants", "sg-opt", "opt2", "--tau", "0.05", *fake.argv])
+    experiments.check_sweep(args, extra)  # no row of these sets --tau: no refusal
+    args, extra = experiments.get_args(["table6", "--eval-batch-size", "64", *fake.argv])
+    experiments.check_sweep(args, extra)  # evaluate.py rows take the sweep's flags after their own: it reaches them
