@@ -8,8 +8,9 @@ process group of its own, writing <out>/<experiment>/<variant>/seed-<s>.{safeten
 evaluation, fit.json for a fit that no seed changes, such as whitening: both run once). The record (.json) appears,
 atomically, only when the run has finished, and only such a record counts: re-running the same command skips the
 finished runs, so a killed sweep loses at most the run in flight. A record that is not valid JSON of a run's shape,
-or that a sweep finds to be another run's (other flags or seed, other base weights: the table was edited, the model
-replaced), is named with what to do and left out of the tables, never run over. A run in flight holds
+or that a sweep finds to be another run's (other flags or seed, other base weights, another text in its --data file:
+the table was edited, the model replaced, the file rewritten), is named with what to do and left out of the tables,
+never run over. A run in flight holds
 .seed-<s>.json.lock beside its record (checkpoint.output_lock: an flock, so the lock of a dead owner is taken over),
 so sweeps of one experiment on one --out share its runs: each run is run once, and a sweep waits for the runs that
 another live sweep holds before it reports. A run whose command equals a finished run of another experiment (SG-OPT

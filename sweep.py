@@ -8,7 +8,8 @@ skips what is finished. What --help of experiments.py promises, and how:
   checkpoint (trained_as).
 - A record appears only when the run has finished: the child writes a hidden .result.json, the sweep writes the
   record atomically (checkpoint.write_json) from it. Only a valid record of this very run counts (report.read_record,
-  then its key and base weights' sha256: other_run); another run's record at its path is named, never run over.
+  then its key and the sha256 of its base weights and --data file: other_run); another run's record at its path is
+  named, never run over.
 - A run in flight holds an flock beside its record (checkpoint.output_lock), so two sweeps on one --out (two cores,
   two experiments or --variants) run each run once; the kernel drops the flock of a dead sweep, so SIGKILL leaves
   nothing in the way of a resume. A sweep that meets a run another live sweep holds waits on its flock at the end.
@@ -30,7 +31,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import data
-from checkpoint import LoadError, OutputLocked, display_name, output_lock, weights_sha256, write_json, write_text
+from checkpoint import (LoadError, OutputLocked, display_name, file_sha256, output_lock, weights_sha256, write_json,
+                        write_text)
 from cli import die
 from report import bad_record_line, get, needs, number, read_record, report
 
@@ -183,21 +185,23 @@ def commands(run, args, extra, text):
     return key, cmd, then if second else None
 
 
-def find_finished(out, key, stem, paths, sha=None, checkpoint=False):
-    """A finished valid run with this key and base weights (sha: their sha256) anywhere under out (another
-    experiment's, not itself a copy): (record path, record), or None. Records that are not valid are passed over here
-    (their own experiment's report names them). checkpoint: only a run whose checkpoint is still beside its record."""
+def find_finished(out, key, stem, paths, shas=None, checkpoint=False):
+    """A finished valid run with this key and inputs (shas: hashes(), the sha256 of its base weights and --data file)
+    anywhere under out (another experiment's, not itself a copy): (record path, record), or None. Records that are
+    not valid are passed over here (their own experiment's report names them). checkpoint: only a run whose
+    checkpoint is still beside its record."""
     for path in sorted(out.glob(f"*/*/{stem}.json")):
         rec, _ = read_record(path, paths)
-        if rec and RunKey.parse(rec.get("key")) == key and "same_as" not in rec and other_run(rec, key, sha) is None \
+        if rec and RunKey.parse(rec.get("key")) == key and "same_as" not in rec and other_run(rec, key, shas) is None \
                 and (not checkpoint or path.with_suffix(".safetensors").exists()):
             return path, rec
     return None
 
 
-def other_run(rec, key, sha):
-    """What makes a valid record another run's than this one (key; sha: its base weights' sha256), as a line, or None
-    when it is this run's. A record written before records kept keys (or hashes) is taken at its word."""
+def other_run(rec, key, shas):
+    """What makes a valid record another run's than this one (key; shas: hashes(), the sha256 of its base weights and
+    of its --data file), as a line, or None when it is this run's. A record written before records kept keys (or
+    hashes) is taken at its word."""
     theirs = RunKey.parse(rec["key"]) if "key" in rec else key
     if theirs is None:
         return f"the record of another run (its key {rec['key']!r} is not a run's key)"
@@ -208,10 +212,30 @@ def other_run(rec, key, sha):
               for f in ("model", "command", "seed", "then") if getattr(theirs, f) != getattr(key, f)]
     if differ:
         return f"the record of another run ({'; '.join(differ)})"
-    if sha and rec.get("model_sha256") not in (None, sha):
-        return (f"the record of a run on other weights named {key.model} (sha256 {rec['model_sha256'][:16]}..., this "
-                f"run's {sha[:16]}...)")
+    sha, theirs = (shas or {}).get("model_sha256"), rec.get("model_sha256")
+    if sha and theirs not in (None, sha):
+        return (f"the record of a run on other weights named {key.model} (sha256 {theirs[:16]}..., this run's "
+                f"{sha[:16]}...)")
+    sha, theirs, data = (shas or {}).get("data_sha256"), rec.get("data_sha256"), data_file(key.command)
+    if sha and theirs not in (None, sha):
+        return (f"the record of a run on other data: --data {data} had sha256 {str(theirs)[:16]}... then, "
+                f"{sha[:16]}... now (the file was rewritten)")
     return None
+
+
+def data_file(flags):
+    """The file a train.py command trains on (its last --data, as argparse keeps), or None (STS-B's sentences)."""
+    files = [g[1] for g in flag_groups(flags) if g[0] == "--data" and len(g) > 1]
+    files += [g[0].partition("=")[2] for g in flag_groups(flags) if g[0].startswith("--data=")]
+    return files[-1] if files else None
+
+
+def hashes(cmd):
+    """What a run's record names its inputs by, beside its key (which names them by name): the sha256 of the base
+    model's weights and, for a run on a --data file, of that file as it is when the run starts."""
+    data = data_file(cmd[2:])
+    out = {"model_sha256": model_sha256(cmd[cmd.index("--model") + 1])}
+    return {**out, "data_sha256": file_sha256(data)} if data and os.path.isfile(data) else out
 
 
 def shown(cmd):
@@ -320,13 +344,13 @@ def execute(run, cmd, then, tag, trained=None):
     return results
 
 
-def record_of(run, key, cmd, then, results, seconds, trained=None):
-    """The record of a finished run: its identity, its commands as shown, the base weights' sha256, its scores."""
+def record_of(run, key, cmd, then, results, seconds, shas, trained=None):
+    """The record of a finished run: its identity, its commands as shown, its inputs' sha256 (shas), its scores."""
     result = {"sts": trained[1].get("sts"), **(trained[1].get("train") or {})} if trained else results[0]
     second = results[-1] if then else {}
     return {
         "experiment": run.exp, "variant": run.v.name, "seed": run.seed, "key": str(key), "command": shown(cmd),
-        "model_sha256": model_sha256(cmd[cmd.index("--model") + 1]),  # which weights the model's name meant
+        **shas,  # which weights the model's name meant, which text the --data file held
         **({"then": shown(then)} if then else {}), "seconds": seconds, "sts": result.get("sts"),
         **({"trained_as": trained[0].relative_to(run.folder.parents[1]).as_posix()} if trained else {}),  # in out
         "transfer": second.get("transfer") or result.get("transfer"),
@@ -368,44 +392,44 @@ def run_one(run, exp, args, extra, text, tag, t_sweep):
     but 'others' (detail: the source, the log, the held lock and its owner, the line naming a bad record or lock, or
     (path, what differs) of another run's record at its path)."""
     record, (key, cmd, then) = run.path(".json"), commands(run, args, extra, text)
-    sha = model_sha256(str(args.model))
+    shas = hashes(cmd)
     if record.exists():
-        return finished(run, exp, key, sha)
+        return finished(run, exp, key, shas)
     run.folder.mkdir(parents=True, exist_ok=True)
     lock = lock_of(record)
     try:
         with output_lock(record):
             if record.exists():  # finished by another process between our look and our lock
-                return finished(run, exp, key, sha)
-            return copy_or_run(run, exp, Path(args.out), key, sha, cmd, then, tag, t_sweep)
+                return finished(run, exp, key, shas)
+            return copy_or_run(run, exp, Path(args.out), key, shas, cmd, then, tag, t_sweep)
     except OutputLocked:
         return "held", f"{lock} (pid {owner(lock)})"
     except LoadError as e:  # the lock path is a folder, or a file we may not open
         return "badlock", f"warning: {e}; if no sweep is running on {args.out}, remove {lock} and re-run"
 
 
-def finished(run, exp, key, sha):
+def finished(run, exp, key, shas):
     """A run whose record exists: ('done', None) when it is a valid record of this very run; ('bad', its line) when
     it is not valid (the report names it); ('other', (its path, what differs)) when it is another run's (other flags,
-    other weights): never counted, reported or run over as this run's."""
+    other weights, another text in its --data file): never counted, reported or run over as this run's."""
     record = run.path(".json")
     rec, why = read_record(record, needs(exp, run.v))
     if not rec:
         return "bad", bad_record_line(record, why)
-    other = other_run(rec, key, sha)
+    other = other_run(rec, key, shas)
     return ("other", (record, other)) if other else ("done", None)
 
 
-def copy_or_run(run, exp, out, key, sha, cmd, then, tag, t_sweep):
+def copy_or_run(run, exp, out, key, shas, cmd, then, tag, t_sweep):
     """With the run's lock held: copy the record of a finished run of another experiment with the same key, else
     run it (only its second step when another experiment's run trained this very model) and write its record."""
     record = run.path(".json")
-    same = None if exp.fresh else find_finished(out, key, run.stem, needs(exp, run.v), sha)
+    same = None if exp.fresh else find_finished(out, key, run.stem, needs(exp, run.v), shas)
     if same:
         write_json(record, {**same[1], "same_as": same[0].relative_to(out).as_posix()})
         return "copied", same[0]
     trained = None if exp.fresh or not then else find_finished(
-        out, key.trained(), run.stem, [("train", "wall_seconds")], sha, checkpoint=True)
+        out, key.trained(), run.stem, [("train", "wall_seconds")], shas, checkpoint=True)
     if trained:  # the second step reads that run's checkpoint
         i = then.index("--ckpt") + 1
         then = [*then[:i], str(trained[0].with_suffix(".safetensors")), *then[i + 1:]]
@@ -413,7 +437,7 @@ def copy_or_run(run, exp, out, key, sha, cmd, then, tag, t_sweep):
     results = execute(run, cmd, then, tag, trained)
     if results is None:
         return "failed", run.path(".log")
-    rec = record_of(run, key, cmd, then, results, time.time() - t0, trained)
+    rec = record_of(run, key, cmd, then, results, time.time() - t0, shas, trained)
     write_json(record, rec)
     print(f"  {run}: done in {(time.time() - t0) / 60:.1f} min | {headline(rec)} | sweep "
           f"{(time.time() - t_sweep) / 60:.1f} min", flush=True)

@@ -825,3 +825,33 @@ def test_a_sweep_flag_that_a_row_sets_itself_is_refused_in_one_line(fake, capsys
     experiments.check_sweep(args, extra)  # no row of these sets --tau: no refusal
     args, extra = experiments.get_args(["table6", "--eval-batch-size", "64", *fake.argv])
     experiments.check_sweep(args, extra)  # evaluate.py rows take the sweep's flags after their own: it reaches them
+
+
+def test_a_finished_run_on_a_rewritten_data_file_is_never_counted(fake, monkeypatch, capsys):
+    """Issue 53 item 7: `recipe --data A.txt --seeds 1`, A.txt rewritten, then `--seeds 1 2` said "seed-1: finished
+    earlier" and reported a row mixing two texts. A record names its --data file's sha256; a run on the file's
+    other text is named and left out (never counted, reported, copied or run over), and the new seed runs."""
+    use(monkeypatch, Variant("a"))
+    text = fake.tmp / "A.txt"
+    text.write_text("the first text\n")
+    argv = [*fake.argv, "--data", str(text)]
+    experiments.main(["t", *argv, "--seeds", "1"])
+    path = fake.out / "t/a/seed-1.json"
+    first = path.read_text()
+    old = hashlib.sha256(b"the first text\n").hexdigest()
+    assert json.loads(first)["data_sha256"] == old
+    text.write_text("another text\n")
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        experiments.main(["t", *argv, "--seeds", "1", "2"])
+    out, err = capsys.readouterr()
+    line = next(x for x in err.splitlines() if str(path) in x)
+    assert e.value.code == 1 and "other data" in line and old[:16] in line and "finished earlier" not in out
+    assert out.strip().splitlines()[-1] == "t: 2 runs: 1 run now, 1 not run (the record of another run)"
+    assert "| a | 1 |" in out and path.read_text() == first  # the report: seed 2 alone; seed 1 never run over
+    assert json.loads((fake.out / "t/a/seed-2.json").read_text())["data_sha256"] == \
+        hashlib.sha256(b"another text\n").hexdigest()
+    use(monkeypatch, Variant("a"), name="u")  # nor copied into another experiment: run anew on the new text
+    n = len(fake.calls())
+    experiments.main(["u", *argv, "--seeds", "1"])
+    assert len(fake.calls()) == n + 1 and "same_as" not in json.loads((fake.out / "u/a/seed-1.json").read_text())
