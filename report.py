@@ -4,7 +4,9 @@ the STS tasks; Table 4: transfer; Table 6: efficiency; Figure 4: the drops; the 
 results.md and results.json beside the runs. It reads only: sweep.py writes the records.
 
 A record is <out>/<experiment>/<variant>/{seed-<s>,eval,fit}.json. It counts when it is valid JSON of a run's shape
-holding every number its experiment's tables need (needs); any other is named with what to do, and left out.
+holding every number its experiment's tables need (needs); any other is named with what to do, and left out. A row
+averages the runs of one setting only (setting: its key but the seed, and the sha256 of its base weights and --data
+file): the sweep's own, or else the one most of the row's runs share; a run of another setting is named and left out.
 """
 import json
 import math
@@ -16,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 import data
-from checkpoint import write_json, write_text
+from checkpoint import display_name, write_json, write_text
 from data import SHORT, TASKS
 
 RECORD = re.compile(r"(seed-\d+|eval|fit)\.json")  # never the hidden files of runs in flight (.seed-1.result.json)
@@ -75,20 +77,79 @@ def bad_record_line(path, why):
     return f"warning: {path}: {why}; this run is left out (shown as missing): move the file aside and re-run the sweep"
 
 
-def load_records(exp, folder, left_out=None):
-    """{variant: [valid records]} of an experiment's folder, and [(path, what is wrong)] of the records that do not
-    count (corrupt, empty, of the wrong shape, a needed key missing, or in left_out {path: why}: a sweep's records of
-    other runs than its own)."""
-    recs, bad, left_out = {}, [], left_out or {}
+def load_records(exp, folder, left_out=None, expect=None):
+    """{variant: [valid records of one setting]} of an experiment's folder, and [(path, what is wrong)] of the records
+    that do not count (corrupt, empty, of the wrong shape, a needed key missing, in left_out {path: why}: a sweep's
+    records of other runs than its own, or of another setting than the row's: one_setting, expect[variant])."""
+    recs, bad, left_out, expect = {}, [], left_out or {}, expect or {}
     for v in exp.variants:
         paths = [p for p in (folder / v.name).glob("*.json") if RECORD.fullmatch(p.name)]
+        good = []
         for path in sorted(paths, key=lambda p: (len(p.name), p.name)):  # seed-2 before seed-10
             rec, why = (None, left_out[path]) if path in left_out else read_record(path, needs(exp, v))
             if rec is None:
                 bad.append((path, why))
             else:
-                recs.setdefault(v.name, []).append(rec)
+                good.append((path, rec))
+        kept, other = one_setting(v.name, good, expect.get(v.name))
+        bad += other
+        if kept:
+            recs[v.name] = kept
     return recs, bad
+
+
+SETTING = ("model", "flags", "second step", "base weights' sha256", "--data file's sha256")
+
+
+def setting(rec):
+    """What a run was made with but its seed, as its record names it: (model, its script and flags without --seed,
+    the second step's flags, the sha256 of its base weights and of its --data file); None for a part a record does
+    not name (an older record: taken at its word, it matches any)."""
+    try:
+        model, flags, _ = json.loads(rec["key"])
+    except (KeyError, TypeError, ValueError):
+        model = flags = None
+    if not isinstance(model, str) or not isinstance(flags, list):
+        model = flags = None
+    i = flags.index("then") if flags and "then" in flags else len(flags or ())
+    command = None if flags is None else tuple(
+        f for j, f in enumerate(flags[:i]) if f != "--seed" and flags[j - 1:j] != ["--seed"] and
+        not f.startswith("--seed="))
+    return (model and display_name(model), command, tuple(flags[i + 1:]) if flags and i < len(flags) else None,
+            rec.get("model_sha256"), rec.get("data_sha256"))
+
+
+def differences(a, b):
+    """Where two settings that both name a part differ, as a clause ('' when none does)."""
+    def text(x):
+        return " ".join(x) or "none" if isinstance(x, tuple) else f"{x[:16]}..." if len(x) == 64 else x
+    return "; ".join(f"its {name} {text(x)}, theirs {text(y)}" for name, x, y in zip(SETTING, a, b)
+                     if x is not None and y is not None and x != y)
+
+
+def one_setting(variant, recs, expect=None):
+    """recs [(path, record)] of one row -> (the records of one setting, [(path, why)] of the others): the setting
+    expect (a sweep's own) when given, else the one most of the runs share (on a tie, the newest run's). A part a
+    record does not name matches any; the first record of each part names it for the rest."""
+    if len(recs) < 2 and expect is None:
+        return [r for _, r in recs], []
+    order = sorted(recs, key=lambda pr: (-sum(x is not None for x in setting(pr[1])), -pr[0].stat().st_mtime_ns))
+    ref = expect or max((setting(r) for _, r in order),
+                        key=lambda s: sum(not differences(s, setting(r)) for _, r in order))
+    kept, other = [], []
+    for path, rec in order:
+        mine = setting(rec)
+        if differences(mine, ref):
+            other.append((path, mine))
+        else:
+            kept.append((path, rec))
+            ref = tuple(x if x is not None else y for x, y in zip(ref, mine))  # what it names, the next must match
+    n = len(kept)
+    whose = "this sweep's" if expect else f"the {n} run(s) of {variant} reported"
+    why = [(path, f"a run of another setting than {whose} ({differences(mine, ref)}): never averaged with them")
+           for path, mine in other]
+    kept.sort(key=lambda pr: (len(pr[0].name), pr[0].name))
+    return [r for _, r in kept], why
 
 
 # -----------------------------------------------------------------------------
@@ -255,12 +316,13 @@ TABLES = {"sts": sts_table, "transfer": transfer_table, "efficiency": efficiency
           "leaderboard": leaderboard_table}
 
 
-def report(name, exp, out, plot=None, left_out=None):
+def report(name, exp, out, plot=None, left_out=None, expect=None):
     """Print the experiment's tables and write results.md and results.json beside its runs (a folder we may not
     write to: the tables are printed all the same). Returns the summary, or None when it has no valid runs.
-    left_out: {record path: why} that a sweep found to be other runs' records (named and left out as bad ones)."""
+    left_out: {record path: why} that a sweep found to be other runs' records (named and left out as bad ones);
+    expect: {variant: setting} of a sweep's own runs (the setting its rows report; one_setting)."""
     out = Path(out)
-    recs, bad = load_records(exp, out / name, left_out)
+    recs, bad = load_records(exp, out / name, left_out, expect)
     summary = summarize(exp, recs)
     for path, why in bad:
         print(bad_record_line(path, why), file=sys.stderr, flush=True)

@@ -34,7 +34,7 @@ import data
 from checkpoint import (LoadError, OutputLocked, display_name, file_sha256, output_lock, weights_sha256, write_json,
                         write_text)
 from cli import die
-from report import bad_record_line, get, needs, number, read_record, report
+from report import bad_record_line, get, needs, number, read_record, report, setting
 
 ROOT = Path(__file__).resolve().parent  # where train.py and evaluate.py are
 TRAIN_KEYS = ("best_step", "dev", "test", "steps", "stop", "wall_seconds", "test_seconds", "ms_per_step",
@@ -499,7 +499,11 @@ def sweep(name, exp, args, extra, data_dir):
             print(f"{tag} {run}: finished by another process", flush=True)
         elif status == "badlock":
             print(detail, file=sys.stderr, flush=True)
-    if not report(name, exp, out, left_out=dict(tally["other"])):  # named there, as a bad record is
+    expect = {}  # the setting of each row this sweep ran: the report averages no run of another (one_setting)
+    for run in runs:
+        key, cmd, _ = commands(run, args, extra, text)
+        expect.setdefault(run.v.name, setting({"key": str(key), **hashes(cmd)}))
+    if not report(name, exp, out, left_out=dict(tally["other"]), expect=expect):  # named there, as a bad record is
         print(f"no finished runs of {name} to report yet", flush=True)
     counts = [f"{len(d)} {STATUS[s]}" + (f" ({'; '.join(map(str, d))})" if s in ("held", "failed") else "")
               for s, d in tally.items() if d]

@@ -677,17 +677,51 @@ def test_variants_runs_only_those_rows_and_the_report_shows_every_finished_run(f
 
 
 def test_report_names_the_base_weights_and_warns_when_two_differ(tmp_path, monkeypatch, capsys):
-    """Records name the sha256 of the base model's weights; a table of records from two weights says so."""
-    use(monkeypatch, Variant("a"), name="h")
+    """Records name the sha256 of the base model's weights; a table whose rows come from two weights says so, and a
+    row never averages runs on two weights (the odd one is named and left out)."""
+    use(monkeypatch, Variant("a"), Variant("b"), name="h")
     for seed, sha in ((1, "ab" * 32), (2, "ab" * 32)):
         record(tmp_path / "h" / "a" / f"seed-{seed}.json", **sts_record(70.0, seed), model_sha256=sha)
     report_of("h", tmp_path)
     md = (tmp_path / "h" / "results.md").read_text()
     assert f"sha256 {'ab' * 8}." in md and "warning" not in md
-    record(tmp_path / "h" / "a" / "seed-3.json", **sts_record(70.0, 3), model_sha256="cd" * 32)
+    record(tmp_path / "h" / "a" / "seed-3.json", **sts_record(80.0, 3), model_sha256="cd" * 32)
+    s = report_of("h", tmp_path)
+    md, err = (tmp_path / "h" / "results.md").read_text(), capsys.readouterr().err
+    assert s["a"]["seeds"] == [1, 2] and s["a"]["sts"]["avg"] == [70.0, 0.0] and "warning" not in md
+    assert "Missing: a/seed-3.json (a run of another setting than the 2 run(s) of a reported (its base weights' " \
+           f"sha256 {'cd' * 8}..., theirs {'ab' * 8}...)" in md and "h/a/seed-3.json: a run of another setting" in err
+    record(tmp_path / "h" / "b" / "seed-1.json", **sts_record(70.0, 1), model_sha256="cd" * 32)
     report_of("h", tmp_path)
     md = (tmp_path / "h" / "results.md").read_text()
     assert "2 different weights" in md and "2 different base weights" in capsys.readouterr().err
+
+
+def test_a_report_never_averages_runs_of_different_settings(fake, monkeypatch, capsys):
+    """Issue 53 item 6: `dropout --seeds 1 --max-steps 2`, then `--variants sg-opt --seeds 2 --max-steps 3`, then
+    `report dropout` gave one mean +- std over runs with different flags. A row averages the runs of one setting: the
+    sweep's own, or in `report` the one most of its runs share (on a tie, the newest run's); the others are named."""
+    use(monkeypatch, Variant("sg-opt"), Variant("off", ["--score", "60"]), name="d")
+    one = fake.out / "d/sg-opt/seed-1.json"
+    experiments.main(["d", *fake.argv, "--seeds", "1", "--max-steps", "2"])
+    os.utime(one, (1, 1))  # made long before the next
+    capsys.readouterr()
+    experiments.main(["d", *fake.argv, "--variants", "sg-opt", "--seeds", "2", "--max-steps", "3"])
+    swept = capsys.readouterr()
+    s = experiments.main(["report", "d", "--out", str(fake.out)])
+    for out, err in (swept, capsys.readouterr()):  # the sweep's own report, then `report`
+        assert "| sg-opt | 1 | 70.20 |" in out and "| off | 1 | 60.10 |" in out, out
+        line = next(x for x in err.splitlines() if str(one) in x)
+        assert "a run of another setting than" in line and "--max-steps 2" in line and "--max-steps 3" in line
+        assert "Missing: sg-opt/seed-1.json (a run of another setting" in out
+    assert s["sg-opt"]["seeds"] == [2]
+    experiments.main(["d", *fake.argv, "--variants", "sg-opt", "--seeds", "3", "--max-steps", "2"])
+    assert "| sg-opt | 2 | 70.20 +- 0.14 |" in capsys.readouterr().out  # the sweep's own: seeds 1 and 3
+    s = experiments.main(["report", "d", "--out", str(fake.out)])
+    assert s["sg-opt"]["seeds"] == [1, 3] and "Missing: sg-opt/seed-2.json" in capsys.readouterr().out  # most runs'
+    records = [json.loads(p.read_text()) for p in sorted(fake.out.glob("d/off/seed-*.json"))]
+    assert len(records) == 1 and report.setting(records[0])[1] == ("train.py", "--max-steps", "2", "--score", "60",
+                                                                    "--data-dir", str(fake.data))  # not the seed
 
 
 def test_a_runs_identity_is_its_command_and_a_records_key_reads_back_as_the_same_identity(fake):
