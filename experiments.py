@@ -36,7 +36,7 @@ from pathlib import Path
 
 import data
 import sweep
-from checkpoint import temp_path, write_text
+from checkpoint import LoadError, check_output, temp_path, write_text
 from cli import die, seed_value
 from report import report, say
 from sweep import TRANSFER_TEXT
@@ -325,8 +325,10 @@ def check_report(args):
             import matplotlib  # noqa: F401
         except ImportError:
             die("--plot needs matplotlib: pip install matplotlib (or drop --plot; the tables have the same numbers)")
-        if not Path(args.plot).suffix.lower() == ".png" or not Path(args.plot).resolve().parent.is_dir():
-            die(f"--plot {args.plot}: give a .png file name in an existing folder")
+        try:
+            check_output(args.plot, ".png")  # a .png in a folder we can write to, before the report is made
+        except LoadError as e:
+            die(f"--plot {e}")
 
 
 def main(argv=None):

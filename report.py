@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 import data
-from checkpoint import display_name, write_json, write_text
+from checkpoint import atomic_write, display_name, write_json, write_text
 from data import SHORT, TASKS
 
 RECORD = re.compile(r"(seed-\d+|eval|fit)\.json")  # never the hidden files of runs in flight (.seed-1.result.json)
@@ -384,7 +384,7 @@ def plot_drops(exp, summary, path):
                labels=["trained on STS-B's sentences", "trained on the transfer tasks' text"], loc="lower center",
                ncol=2, fontsize=8)
     fig.tight_layout(rect=(0, 0.08, 1, 1))
-    fig.savefig(path, dpi=120)
+    atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=120))  # a kill leaves the old figure or the new
     print(f"figure written to {path}")
 
 

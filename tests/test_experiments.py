@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+import types
 from types import SimpleNamespace
 
 import numpy as np
@@ -630,6 +631,19 @@ def test_figure4_plot(fake, capsys):
     experiments.main(["figure4", *fake.argv, "--seeds", "1"])
     experiments.main(["report", "figure4", "--out", str(fake.out), "--plot", str(fake.tmp / "f.png")])
     assert (fake.tmp / "f.png").stat().st_size > 1000
+    assert not [p for p in fake.tmp.iterdir() if p.name.startswith(".f.png")]  # written atomically: no temp left
+
+
+def test_plot_is_checked_as_an_output_before_the_report(fake, monkeypatch, capsys):
+    """--plot was checked for its name alone: a folder named f.png ended the report in a traceback."""
+    monkeypatch.setitem(sys.modules, "matplotlib", types.ModuleType("matplotlib"))  # as if installed
+    (fake.tmp / "dir.png").mkdir()
+    for plot, why in ((fake.tmp / "dir.png", "is a folder"), (fake.tmp / "no" / "f.png", "folder that does not exist")):
+        with pytest.raises(SystemExit) as e:
+            experiments.main(["report", "figure4", "--out", str(fake.out), "--plot", str(plot)])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and err.startswith(f"error: --plot {plot} ") and why in err, err
+        assert len(err.strip().splitlines()) == 1
 
 
 def test_leaderboard_transfers_the_first_seed_only_and_reports_every_method(fake, capsys):
