@@ -189,13 +189,20 @@ def find_finished(out, key, stem, paths, shas=None, checkpoint=False):
     """A finished valid run with this key and inputs (shas: hashes(), the sha256 of its base weights and --data file)
     anywhere under out (another experiment's, not itself a copy): (record path, record), or None. Records that are
     not valid are passed over here (their own experiment's report names them). checkpoint: only a run whose
-    checkpoint is still beside its record."""
+    checkpoint is still beside its record, the one it wrote (the sha256 its record names, when it names one)."""
     for path in sorted(out.glob(f"*/*/{stem}.json")):
         rec, _ = read_record(path, paths)
         if rec and RunKey.parse(rec.get("key")) == key and "same_as" not in rec and other_run(rec, key, shas) is None \
-                and (not checkpoint or path.with_suffix(".safetensors").exists()):
+                and (not checkpoint or kept_checkpoint(path, rec)):
             return path, rec
     return None
+
+
+def kept_checkpoint(path, rec):
+    """The checkpoint beside a record is still there and is the one its run wrote: the sha256 the record names (a
+    record written before records named it is taken at its word), not a model trained or copied there since."""
+    ckpt = path.with_suffix(".safetensors")
+    return ckpt.is_file() and rec.get("checkpoint_sha256") in (None, file_sha256(ckpt))
 
 
 def other_run(rec, key, shas):
@@ -345,12 +352,15 @@ def execute(run, cmd, then, tag, trained=None):
 
 
 def record_of(run, key, cmd, then, results, seconds, shas, trained=None):
-    """The record of a finished run: its identity, its commands as shown, its inputs' sha256 (shas), its scores."""
+    """The record of a finished run: its identity, its commands as shown, its inputs' sha256 (shas), the sha256 of the
+    checkpoint it trained (or evaluated: trained_as), its scores."""
     result = {"sts": trained[1].get("sts"), **(trained[1].get("train") or {})} if trained else results[0]
     second = results[-1] if then else {}
+    ckpt = trained[0].with_suffix(".safetensors") if trained else run.path(".safetensors")
     return {
         "experiment": run.exp, "variant": run.v.name, "seed": run.seed, "key": str(key), "command": shown(cmd),
         **shas,  # which weights the model's name meant, which text the --data file held
+        **({"checkpoint_sha256": file_sha256(ckpt)} if not run.v.evaluate_only and ckpt.is_file() else {}),
         **({"then": shown(then)} if then else {}), "seconds": seconds, "sts": result.get("sts"),
         **({"trained_as": trained[0].relative_to(run.folder.parents[1]).as_posix()} if trained else {}),  # in out
         "transfer": second.get("transfer") or result.get("transfer"),

@@ -903,3 +903,19 @@ def test_a_finished_run_on_a_rewritten_data_file_is_never_counted(fake, monkeypa
     n = len(fake.calls())
     experiments.main(["u", *argv, "--seeds", "1"])
     assert len(fake.calls()) == n + 1 and "same_as" not in json.loads((fake.out / "u/a/seed-1.json").read_text())
+
+
+def test_a_checkpoint_replaced_beside_its_record_is_not_taken_for_its_run(fake, capsys):
+    """A record names the sha256 of the checkpoint its run wrote: another experiment's second step takes that
+    checkpoint only while it is still the same file (not a model trained there by hand since): else it trains anew."""
+    experiments.main(["table1", *fake.argv, "--seeds", "1", "--variants", "sg-opt"])
+    ckpt = fake.out / "table1/sg-opt/seed-1.safetensors"
+    rec = json.loads((fake.out / "table1/sg-opt/seed-1.json").read_text())
+    assert rec["checkpoint_sha256"] == hashlib.sha256(ckpt.read_bytes()).hexdigest()
+    ckpt.write_bytes(b"another model")
+    n = len(fake.calls())
+    experiments.main(["table4", *fake.argv, "--seeds", "1", "--variants", "sg-opt"])
+    calls = fake.calls()[n:]
+    assert [c[0] for c in calls] == ["train.py", "evaluate.py"]
+    assert calls[1][1][calls[1][1].index("--ckpt") + 1] == str(fake.out / "table4/sg-opt/seed-1.safetensors")
+    assert "trained_as" not in json.loads((fake.out / "table4/sg-opt/seed-1.json").read_text())
