@@ -10,14 +10,16 @@ atomically, only when the run has finished, and only such a record counts: re-ru
 finished runs, so a killed sweep loses at most the run in flight. A record that is not valid JSON of a run's shape,
 or that a sweep finds to be another run's (other flags or seed, other base weights, another text in its --data file:
 the table was edited, the model replaced, the file rewritten), is named with what to do and left out of the tables,
-never run over. A run in flight holds
-.seed-<s>.json.lock beside its record (checkpoint.output_lock: an flock, so the lock of a dead owner is taken over),
-so sweeps of one experiment on one --out share its runs: each run is run once, and a sweep waits for the runs that
-another live sweep holds before it reports. A run whose command equals a finished run of another experiment (SG-OPT
+never run over. A run in flight holds .seed-<s>.json.lock beside its record (checkpoint.output_lock: an flock, so the
+lock of a dead owner is taken over), so sweeps of one experiment on one --out share its runs: each run is run once,
+and a sweep waits for the runs that another live sweep holds before it reports. A run whose command equals a finished run of another experiment (SG-OPT
 with the defaults is in several) is not run again: its record is copied, naming the source (except in table6, whose
 timings come from one sweep). A run whose training equals such a run's and whose second step differs (Table 4's
-SG-OPT: Table 1's, then transfer) takes that run's checkpoint, while it is still beside its record, and runs only
-its own second step.
+SG-OPT: Table 1's, then transfer) takes that run's checkpoint, while it is still beside its record and the file that
+run wrote (its sha256), and runs only its own second step. A row of a report averages the runs of one setting (the
+flags but the seed, the base weights, the --data file's text): the sweep's own, or in `report` the one most of the
+row's runs share; a run of another setting is named and left out. A sweep flag that a row sets itself (recipe --lr)
+is refused: the row's own would win.
 
 Exit status: 0 when every run of the sweep is finished; 1 when a run failed, was held by another process
 (--no-wait), or has a bad record (or another run's) or lock; 2 for a usage error, ours or a run's (train.py's exit
@@ -251,7 +253,8 @@ def get_args(argv=None):
     p.add_argument("--out", default="runs", help="folder of the runs and reports (default: %(default)s)")
     p.add_argument("--data-dir", default=None, help="data folder (default: $SG_DATA, else ./data)")
     p.add_argument("--variants", nargs="+", metavar="NAME", help="run only these variants (rows) of the experiment, "
-                   "in this order (e.g. the rows you need first); the report shows every finished run (default: all)")
+                   "in this order (e.g. the rows you need first); the report shows every finished run of each row's "
+                   "setting (default: all)")
     p.add_argument("--no-wait", action="store_true", help="leave the runs another live sweep holds (exit status 1) "
                    "instead of waiting for them before the report (default: wait)")
     p.add_argument("--plot", help="with report figure4: draw the paper's Figure 4 bars to this .png (needs matplotlib)")
