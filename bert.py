@@ -384,35 +384,48 @@ def pool(hidden_states, attention_mask, pooling="cls", layer=-1):
 POOLINGS = ("cls", "mean", "max", "first-last", "last2")
 
 
-def encode(model, tokenizer, sentences, pooling="cls", layer=-1, batch_size=64, dropout=False, progress=None):
+PRECISIONS = ("fp32", "bf16")
+
+
+def encode(model, tokenizer, sentences, pooling="cls", layer=-1, batch_size=64, dropout=False, progress=None,
+           precision="fp32"):
     """Embed sentences: numpy float32 (n, H), in input order. Batches hold sentences of similar length,
     which cuts the padding (and the time) several-fold on real data. pooling: a name of POOLINGS, or a function
     (hidden_states, attention_mask) -> (B, H) such as WK pooling (wk.py). dropout: BERT's dropout stays on
-    (BERT-flow's code fits its flow on vectors made so). progress(done, total): called after each batch."""
-    return encode_many(model, tokenizer, sentences, [(pooling, layer)], batch_size, dropout, progress)[pooling, layer]
+    (BERT-flow's code fits its flow on vectors made so). progress(done, total): called after each batch.
+    precision: fp32 (the exact numbers), or bf16: the matrix products in bfloat16 (autocast; the embeddings, the
+    residual stream, LayerNorm, the pooling and the vectors stay fp32), faster only on a CPU with bf16 matrix
+    instructions (AVX512-BF16, AMX) or a GPU, and several times slower on one without (cli.cpu_kind)."""
+    return encode_many(model, tokenizer, sentences, [(pooling, layer)], batch_size, dropout, progress,
+                       precision=precision)[pooling, layer]
 
 
-@torch.inference_mode()
-def encode_many(model, tokenizer, sentences, specs, batch_size=64, dropout=False, progress=None):
+def encode_many(model, tokenizer, sentences, specs, batch_size=64, dropout=False, progress=None, precision="fp32"):
     """encode for several (pooling, layer) pairs from one forward pass per batch: {(pooling, layer): (n, H)}."""
     L = model.config.num_hidden_layers
     for pooling, layer in specs:
         assert callable(pooling) or pooling in POOLINGS, f"unknown pooling '{pooling}': use one of {POOLINGS}"
         assert -L - 1 <= layer <= L, f"layer {layer} out of range for a model with {L} layers (0..{L})"
+    assert precision in PRECISIONS, f"unknown precision '{precision}': use one of {PRECISIONS}"
     device = next(model.parameters()).device
     out = {spec: np.zeros((len(sentences), model.config.hidden_size), dtype=np.float32) for spec in specs}
     encodings = tokenizer.encode_batch(list(sentences)) if len(sentences) else []
     order = sorted(range(len(sentences)), key=lambda i: len(encodings[i].ids))
     was_training = model.training
     model.train(dropout)
-    for s in range(0, len(order), batch_size):
-        idx = order[s:s + batch_size]
-        ids, mask = batch_tensors([encodings[i] for i in idx], model.config.pad_token_id, device)
-        hidden_states = model(ids, mask)
-        for (pooling, layer), arr in out.items():
-            v = pooling(hidden_states, mask) if callable(pooling) else pool(hidden_states, mask, pooling, layer)
-            arr[idx] = v.float().cpu().numpy()
-        if progress:
-            progress(s + len(idx), len(order))
+    # bf16: one autocast region over all the batches, so that each weight is cast once, not once a batch; (!!)
+    # autocast keeps no cast weights under inference_mode, hence no_grad there
+    bf16 = precision == "bf16"
+    with torch.no_grad() if bf16 else torch.inference_mode(), \
+            torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+        for s in range(0, len(order), batch_size):
+            idx = order[s:s + batch_size]
+            ids, mask = batch_tensors([encodings[i] for i in idx], model.config.pad_token_id, device)
+            hidden_states = model(ids, mask)
+            for (pooling, layer), arr in out.items():
+                v = pooling(hidden_states, mask) if callable(pooling) else pool(hidden_states, mask, pooling, layer)
+                arr[idx] = v.float().cpu().numpy()
+            if progress:
+                progress(s + len(idx), len(order))
     model.train(was_training)
     return out

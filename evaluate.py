@@ -15,7 +15,7 @@ brings its own template.
 --tasks transfer runs SentEval's seven transfer tasks (the paper's Table 4: MR, CR, SUBJ, MPQA, SST2, TREC, MRPC)
 by SentEval's own protocol and seeds (transfer.py). Every evaluation takes a function vectors(sentences) -> (n, H),
 so a pooling or a fitted transform plugs in without touching the evaluator. --json always has one shape:
-{"model", "pooling", "layer", "device", "sts": {task: {"all", "wmean", "mean"}, "avg": ...} or null,
+{"model", "pooling", "layer", "device", "precision", "sts": {task: {"all", "wmean", "mean"}, "avg": ...} or null,
 "transfer": {task: {"acc", "devacc"[, "f1"]}, "avg"} or null, "layerwise": {pooling: [layer 0 .. L]} or null,
 "pairs": [{"file", "sentence1", "sentence2", "gold", "cosine"}, ...] or null}. A --pairs file is a task of the "sts"
 block (with "pearson" and "n" beside), and each of its pairs a row of "pairs" (and of --pairs-out).
@@ -86,6 +86,9 @@ def get_args(argv=None):
     a("--data-dir", help="data folder (default: $SG_DATA, else ./data; fetched when missing)")
     a("--batch-size", type=int, default=64, help="sentences per forward pass (default: 64)")
     a("--device", default="auto", choices=["auto", "cpu", "cuda"], help="default: cuda if present")
+    a("--precision", default="fp32", choices=["fp32", "bf16"], help="fp32 (default: the exact numbers), or bf16: the "
+      "encoder's matrix products in bfloat16 (autocast; the pooling and the cosines stay fp32), faster only on a CPU "
+      "with bf16 matrix instructions (AVX512-BF16, AMX) or a GPU, several times slower on a CPU without")
     a("--json", help="also write the results to this JSON file")
     a("--layerwise", action="store_true", help="STS-B test Spearman per layer x cls/mean/max")
     a("--plot", help="with --layerwise: draw it to this .png (needs matplotlib)")
@@ -186,12 +189,12 @@ def similarities(emb, index, s1, s2):
 
 
 def sentence_vectors(model, tokenizer, pooling="cls", layer=-1, batch_size=64, wk_args=None, transform=None,
-                     log=None, template=None):
+                     log=None, template=None, precision="fp32"):
     """vectors(sentences) -> (n, H) float32: the one thing every evaluation takes. pooling: a name of bert.POOLINGS,
     "wk" (wk.py; wk_args = (layer_start, window)) or "prompt" (prompt.py: the [MASK] vector of layer `layer` with
     each sentence inside `template`, default prompt.UNTRAINED_TEMPLATE, as PromptBERT evaluates: no denoising);
     transform: a fitted map of the pooled vectors (posthoc.py: whitening, a flow); log: where a running count goes
-    while a large set is encoded."""
+    while a large set is encoded; precision: bert.encode's (fp32, or bf16 autocast)."""
     if pooling == "wk":
         start, window = wk_args or (wk.default_layer_start(model.config.num_hidden_layers), 2)
         pooling = partial(wk.wk_pool, layer_start=start, window=window)
@@ -202,7 +205,7 @@ def sentence_vectors(model, tokenizer, pooling="cls", layer=-1, batch_size=64, w
 
     def vectors(sentences):
         x = bert.encode(model, tokenizer, sentences, pooling=pooling, layer=layer, batch_size=batch_size,
-                        progress=Counter(log) if log and len(sentences) >= 2000 else None)
+                        progress=Counter(log) if log and len(sentences) >= 2000 else None, precision=precision)
         return x if transform is None else transform(x)
     return vectors
 
@@ -307,13 +310,13 @@ def stsb_spearman(vectors, data_dir, split="dev"):
     return spearman(similarities(vectors(uniq), index, s1, s2), gold)
 
 
-def layerwise(model, tokenizer, data_dir, batch_size=64):
+def layerwise(model, tokenizer, data_dir, batch_size=64, precision="fp32"):
     """The paper's Figure 1: STS-B test Spearman x100 -> {pooling: [layer 0, layer 1, ..., layer L]}."""
     s1, s2, gold = load_stsb("test", data_dir)
     uniq, index = unique_sentences([(s1, s2, gold)])
     L = model.config.num_hidden_layers
     embs = bert.encode_many(model, tokenizer, uniq, [(p, k) for p in LAYERWISE_POOLINGS for k in range(L + 1)],
-                            batch_size=batch_size)  # one forward pass per batch for all layers and poolings
+                            batch_size=batch_size, precision=precision)  # one pass a batch: all layers and poolings
     return {p: [spearman(similarities(embs[p, k], index, s1, s2), gold) for k in range(L + 1)]
             for p in LAYERWISE_POOLINGS}
 
@@ -525,9 +528,11 @@ def pairs_plot(args, model, tokenizer, meta, data_dir):
     before = bert.Bert.from_checkpoint(ck).to(model.embeddings.word_embeddings.weight.device)
     before_tok = eval_tokenizer(bert.tokenizer_of(ck), before.config)
     panels = {f"before: {meta.get('base_model') or checkpoint.display_name(base)}": sts_pairs_2d(
-                  sentence_vectors(before, before_tok, args.pooling, template=args.template), data_dir),
+                  sentence_vectors(before, before_tok, args.pooling, template=args.template, precision=args.precision),
+                  data_dir),
               f"after: {Path(name).name}": sts_pairs_2d(sentence_vectors(model, tokenizer, args.pooling,
-                                                                         template=args.template), data_dir)}
+                                                                         template=args.template,
+                                                                         precision=args.precision), data_dir)}
     save(args.pairs_plot, lambda path: plot_pairs(panels, path), "pairs plot (paper Fig. 5)")
 
 
@@ -541,7 +546,7 @@ def run_tasks(args, model, tokenizer, data_dir, transform=None):
     L = model.config.num_hidden_layers
     wk_args = (wk.default_layer_start(L) if args.wk_layer_start is None else args.wk_layer_start, args.wk_window or 2)
     vectors = sentence_vectors(model, tokenizer, args.pooling, args.layer, args.batch_size, wk_args, transform,
-                               log=progress, template=args.template)
+                               log=progress, template=args.template, precision=args.precision)
     results = {"pooling": args.pooling, "layer": args.layer, "sts": None, "transfer": None, "layerwise": None,
                "pairs": None}
     if args.pooling == "wk":
@@ -550,7 +555,7 @@ def run_tasks(args, model, tokenizer, data_dir, transform=None):
         results["template"] = args.template
     if args.layerwise:
         t0 = time.perf_counter()
-        results["layerwise"] = layerwise(model, tokenizer, data_dir, args.batch_size)
+        results["layerwise"] = layerwise(model, tokenizer, data_dir, args.batch_size, args.precision)
         results["seconds"] = time.perf_counter() - t0
         return results
     if sts:
@@ -590,6 +595,7 @@ def save(path, write, what):
 
 def report(args, results, name, device):
     """Print the tables (and the plot) of the results."""
+    device = f"{device}" + (" bf16" if args.precision == "bf16" else "")  # fp32 goes without saying
     if results["layerwise"]:
         print_layerwise(results["layerwise"], f"STS-B test Spearman x100 by layer (paper Fig. 1) | {name} | device {device}")
         print(f"layer-wise evaluation took {results['seconds']:.1f} s")
@@ -621,13 +627,14 @@ def main(argv=None):
     args.pooling = args.pooling or meta.get("pooling") or "cls"  # the method's own evaluation pooling
     args.template = prompt_template(args, meta, model, tokenizer)
     model.to(device)
+    cli.warn_slow_bf16(args.precision, device)
     name = checkpoint.display_name(args.ckpt or args.model)  # what the tables and the JSON call it
     try:
         needs_data = args.tasks or args.layerwise or args.pairs_plot  # --pairs alone: only the user's files
         data_dir = resolve_data_dir(args.data_dir, need_stsb=False) if needs_data else None
         if args.pairs_plot:
             return pairs_plot(args, model, tokenizer, meta, data_dir)
-        results = {"model": name, "model_sha256": sha, "device": device,
+        results = {"model": name, "model_sha256": sha, "device": device, "precision": args.precision,
                    **run_tasks(args, model, tokenizer, data_dir, transform)}
     except DataError as e:
         die(e)

@@ -19,6 +19,7 @@ from scipy.stats import pearsonr, spearmanr
 
 import bert
 import checkpoint
+import cli
 import data
 import evaluate
 from data import STSB_FILE, DataError
@@ -218,8 +219,9 @@ def test_cli_json_and_layerwise(tiny_data, tiny_model, tmp_path, capsys):
     evaluate.main(["--model", str(tiny_model), "--data-dir", str(root), "--json", str(out),
                    "--tasks", "STS13", "SICK-R"])
     res = json.loads(out.read_text())
-    assert set(res) == {"model", "model_sha256", "device", "pooling", "layer", "sts", "transfer", "layerwise",
-                        "pairs"}  # one shape, always
+    assert set(res) == {"model", "model_sha256", "device", "precision", "pooling", "layer", "sts", "transfer",
+                        "layerwise", "pairs"}  # one shape, always
+    assert res["precision"] == "fp32"
     assert res["transfer"] is None and res["layerwise"] is None
     assert set(res["sts"]) >= {"STS13", "SICKRelatedness", "avg", "seconds"}
     assert set(res["sts"]["STS13"]) == {"all", "wmean", "mean"}
@@ -832,3 +834,32 @@ def test_pairs_plot_of_an_old_checkpoint_without_base_sha256_warns_and_goes_on(p
     assert pairs_plot_run() == ["before: tiny-bert", "after: sg.safetensors"]
     warnings = [x for x in capsys.readouterr().err.splitlines() if x.startswith("warning")]
     assert len(warnings) == 1 and "sha256" in warnings[0] and "sg.safetensors" in warnings[0], warnings
+
+
+# -----------------------------------------------------------------------------
+# --precision bf16 (issue 52)
+
+
+def test_precision_bf16_reaches_every_encoding_and_is_recorded(tiny_data, tiny_model, tmp_path, capsys, monkeypatch):
+    """--precision bf16: every encoding of the run is bert.encode's bf16 (the STS tasks, --layerwise), the JSON and
+    the table's title say so, and a CPU without bf16 matrix instructions gets one note; the default is fp32. (How
+    close bf16's vectors are to fp32's: tests/test_bert.py.)"""
+    seen, real = [], bert.encode_many
+    monkeypatch.setattr(bert, "encode_many", lambda *a, **kw: seen.append(kw.get("precision")) or real(*a, **kw))
+    monkeypatch.setattr(cli, "cpu_kind", lambda: {"model": "AMD EPYC", "capability": "AVX2", "bf16_unit": False})
+    root, out = tiny_data[0], tmp_path / "r.json"
+    common = ["--model", str(tiny_model), "--data-dir", str(root), "--device", "cpu", "--json", str(out)]
+    fp32 = evaluate.main([*common, "--tasks", "STS13", "SICK-R"])
+    assert set(seen) == {"fp32"} and "note:" not in capsys.readouterr().err
+    seen.clear()
+    bf16 = evaluate.main([*common, "--tasks", "STS13", "SICK-R", "--precision", "bf16"])
+    captured = capsys.readouterr()
+    assert set(seen) == {"bf16"} and json.loads(out.read_text())["precision"] == "bf16"
+    assert captured.err.count("note: --precision bf16 on a CPU without bf16 matrix instructions") == 1
+    assert "| device cpu bf16" in captured.out
+    for task in ("STS13", "SICKRelatedness"):  # the tiny random model's vectors barely move in bf16
+        assert bf16["sts"][task]["all"] == pytest.approx(fp32["sts"][task]["all"], abs=1.0)
+    seen.clear()
+    evaluate.main([*common, "--layerwise", "--precision", "bf16"])
+    assert set(seen) == {"bf16"}
+
