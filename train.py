@@ -98,7 +98,8 @@ def add_run_flags(a):
     a("--device", default="auto", choices=["auto", "cpu", "cuda"], help="auto (default): cuda when available")
     a("--precision", choices=["fp32", "bf16"], default="fp32", help="fp32 (default, on every device: the official "
       "code's precision), or bf16: an opt-in autocast of the encoders and the head (the similarity, softmax, loss and "
-      "regulariser stay fp32)")
+      "regulariser stay fp32); faster only with bf16 matrix instructions (a CPU with AVX512-BF16 or AMX, a GPU), "
+      "several times slower on a CPU without")
     a("--log-every", type=at_least(1), default=10, help="one log line every N steps (default: %(default)s)")
     a("--overfit-batch", action="store_true", help="sanity check: train on the first batch over and over (loss must fall)")
     a("--eval-batch-size", type=at_least(1), default=128, help="batch size of the dev-set encoding (default: %(default)s)")
@@ -172,6 +173,8 @@ def train_step(run, step, x1, x2):
         z1, z2 = gather(z1), gather(z2)
         share = len(z1) // run.world
         rows = slice(run.rank * share, (run.rank + 1) * share)
+    # the sides autocast their encoders and head (--precision bf16) and return fp32; the similarity, softmax and loss
+    # run here, outside autocast, in fp32 on a CPU as on CUDA (and so does the regulariser)
     loss = method.loss(z1, z2, run.cfg.tau, rows=rows)  # the mean over this process's anchors
     run.optimizer.zero_grad(set_to_none=True)
     loss.backward()
@@ -615,6 +618,8 @@ def main(argv=None):
     rank, world, device = init_distributed(cfg)
     print(f"sgbert {git_sha()} | device {device}" + (f" x {world} processes" if world > 1 else "") + " | "
           + " ".join(f"{k}={v}" for k, v in used_flags(cfg).items()))
+    if rank == 0 and not cfg.eval_only:
+        cli.warn_slow_bf16(cfg.precision, device.type)  # bf16 on a CPU without bf16 matrix instructions: slow
     if methods.METHODS[cfg.loss].sides is None and not cfg.eval_only:  # whitening, flow: no contrast
         if world > 1:
             die(f"--loss {cfg.loss} is fitted in one process: run it with python, not torchrun")

@@ -11,6 +11,7 @@ import torch
 
 import bert
 import checkpoint
+import cli
 import data
 import evaluate
 import methods
@@ -690,3 +691,71 @@ def test_non_finite_weights_are_never_kept(world, monkeypatch, capsys):
         run(world, "--overwrite", "--eval-every", "1")
     err = capsys.readouterr().err
     assert e.value.code == 2 and "non-finite weights" in err and world["out"].read_bytes() == before
+
+# -----------------------------------------------------------------------------
+# --precision bf16: the step's numbers against fp32's (an oracle, not a timing), and what stays fp32
+
+BF16_UNITS = 8  # the tolerance of a bf16 step's loss, in bf16's unit roundoff 2^-8 of the fp32 loss (see below)
+
+
+def step_losses(world, precision, seed, loss="opt", steps=3, spy=None):
+    """train.py's own train_step, `steps` times on one fixed batch of 8 sentences, dropout off (no draws: the two
+    precisions see the same computation): the losses. spy(run) may wrap the run's method before the steps."""
+    sents = world["sents"].read_text().splitlines()[:8]
+    argv = ["--model", str(world["model"]), "--loss", loss, "--batch-size", "8", "--max-steps", "10", "--lr", "1e-3",
+            "--dropout", "off", "--device", "cpu", "--precision", precision, "--seed", str(seed), *small_head(["--loss", loss])]
+    argv += ["--teacher-dropout", "off"] if methods.takes(loss, "teacher_dropout") else []
+    cfg = methods.resolve_config(train.get_args(argv))
+    r = train.build_run(cfg, bert.Bert.from_pretrained(world["model"]), bert.load_tokenizer(world["model"]), sents,
+                        None, torch.device("cpu"))
+    spy and spy(r)
+    x = train.inputs(r, sents, None)
+    return [train.train_step(r, 5 + k, *x)[0].item() for k in range(steps)]  # past the warm-up: the weights move
+
+
+@pytest.mark.parametrize("loss", ["opt", "simcse"])
+def test_a_bf16_step_gives_the_fp32_loss_within_bf16_rounding(world, loss):
+    """bf16 keeps 8 significant bits (unit roundoff u = 2^-8 = 3.9e-3). Its products move the sentence vectors'
+    cosines by a few u, and SG-OPT's loss, a log-sum-exp of cosine / tau at tau 0.01, amplifies that: measured on
+    this tiny BERT over 6 seeds x 3 steps (lr 1e-3, so the updates differ too), |bf16 - fp32| reached 3.8 u of the
+    loss (SimCSE: 0.02 u; with dropout off its two passes are the same). The oracle is 8 u, twice the largest seen,
+    at each of 3 steps. That the loss itself is fp32 is the next test's: a loss computed in bf16 moved it by at most
+    3.9 u here, which no tolerance on the number alone separates."""
+    for seed in (0, 1):
+        fp32, bf16 = step_losses(world, "fp32", seed, loss), step_losses(world, "bf16", seed, loss)
+        assert fp32 != bf16  # autocast was on
+        for step, (a, b) in enumerate(zip(fp32, bf16)):
+            assert abs(b - a) <= BF16_UNITS * 2 ** -8 * abs(a), f"seed {seed}, step {step}: fp32 {a}, bf16 {b}"
+
+
+def test_bf16_leaves_the_similarity_loss_and_regulariser_in_fp32(world):
+    """The sides autocast the encoders and the head; what they hand on is fp32, and the loss and the regulariser run
+    outside autocast (on a CPU as on CUDA)."""
+    seen = []
+
+    def spy(r):
+        m = r.method
+
+        def loss(z1, z2, *a, **kw):
+            seen.append(("loss", z1.dtype, z2.dtype, torch.is_autocast_enabled("cpu")))
+            return m.loss(z1, z2, *a, **kw)
+
+        def regulariser(*a):
+            seen.append(("reg", torch.is_autocast_enabled("cpu")))
+            return m.regulariser(*a)
+        r.method = dataclasses.replace(m, loss=loss, regulariser=regulariser)
+    step_losses(world, "bf16", 0, steps=1, spy=spy)
+    assert seen == [("loss", torch.float32, torch.float32, False), ("reg", False)]
+
+
+def test_bf16_on_a_cpu_without_a_bf16_unit_says_so_once(world, capsys, monkeypatch):
+    """One note on stderr (cli.warn_slow_bf16), and none for fp32 or on a CPU that has the unit."""
+    monkeypatch.setattr(cli, "cpu_kind", lambda: {"model": "AMD EPYC", "capability": "AVX2", "bf16_unit": False})
+    run(world, "--precision", "bf16", "--max-steps", "1", "--eval-every", "10")
+    assert capsys.readouterr().err.count("note: --precision bf16 on a CPU without bf16 matrix instructions") == 1
+    run(world, "--max-steps", "1", "--eval-every", "10", "--overwrite")
+    assert "note:" not in capsys.readouterr().err
+    monkeypatch.setattr(cli, "cpu_kind", lambda: {"model": "Xeon", "capability": "AVX512", "bf16_unit": True})
+    run(world, "--precision", "bf16", "--max-steps", "1", "--eval-every", "10", "--overwrite")
+    assert "note:" not in capsys.readouterr().err
+
