@@ -199,8 +199,9 @@ class Bert(nn.Module):
     @classmethod
     def from_pretrained(cls, name_or_path):
         """A model folder (config.json + model.safetensors), a .safetensors checkpoint written by this project,
-        or a name found as weights/<name>/ (downloaded from the Hugging Face hub when missing). Eval mode."""
-        return cls.from_checkpoint(checkpoint.load(name_or_path))
+        or a name found as weights/<name>/ (downloaded from the Hugging Face hub when missing). Eval mode. What
+        cannot be loaded is a LoadError of one line that names the file and what to do (read_checkpoint)."""
+        return cls.from_checkpoint(read_checkpoint(name_or_path))
 
     @classmethod
     def from_checkpoint(cls, ck):
@@ -264,6 +265,20 @@ def hf_key(key):
 
 
 
+def read_checkpoint(name_or_path, tensors=True):
+    """checkpoint.load for a library caller (from_pretrained, load_tokenizer): its LoadError raised from here, without
+    the loader's frames chained on, so that the error reads as its one line; a relative path that is not there says
+    which folder it was looked for in (a script run from another folder than the checkpoint's)."""
+    try:
+        return checkpoint.load(name_or_path, tensors)
+    except LoadError as e:
+        p, why = Path(name_or_path), str(e)
+        if p.suffix == ".safetensors" and not p.is_absolute() and not p.exists():
+            why += (f" in the current folder {Path.cwd()}: a relative path is read from where Python runs; give the "
+                    "checkpoint's own path (absolute, or relative to this folder)")
+        raise type(e)(why) from None
+
+
 def config_of(ck):
     """The checked BertConfig of what checkpoint.load read: a model folder's config.json, our checkpoint's metadata."""
     if ck.config is None:
@@ -279,7 +294,7 @@ def config_of(ck):
 def load_tokenizer(name_or_path, max_len=128):
     """A tokenizers.Tokenizer that adds [CLS] ... [SEP] and truncates to max_len tokens (no padding: we pad per batch),
     of a model folder, our checkpoint or a name (checkpoint.load, without its weights): see tokenizer_of."""
-    return tokenizer_of(checkpoint.load(name_or_path, tensors=False), max_len)
+    return tokenizer_of(read_checkpoint(name_or_path, tensors=False), max_len)
 
 
 def tokenizer_of(ck, max_len=128):

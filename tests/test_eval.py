@@ -837,7 +837,7 @@ def test_pairs_plot_of_an_old_checkpoint_without_base_sha256_warns_and_goes_on(p
 
 
 # -----------------------------------------------------------------------------
-# --precision bf16 (issue 52)
+# --precision bf16 (issue 52) and the errors that say what to do instead (issue 53, item 12)
 
 
 def test_precision_bf16_reaches_every_encoding_and_is_recorded(tiny_data, tiny_model, tmp_path, capsys, monkeypatch):
@@ -863,3 +863,26 @@ def test_precision_bf16_reaches_every_encoding_and_is_recorded(tiny_data, tiny_m
     evaluate.main([*common, "--layerwise", "--precision", "bf16"])
     assert set(seen) == {"bf16"}
 
+
+def test_a_missing_ckpt_says_how_to_make_one(tmp_path, tiny_data):
+    """evaluate.py --ckpt sg.safetensors with no such file: one line naming where it looked and the train.py command."""
+    r = run_cli("evaluate.py", "--ckpt", "sg-missing.safetensors", "--data-dir", str(tiny_data[0]))
+    line = assert_one_line_error(r, "--ckpt sg-missing.safetensors not found in ",
+                                 "python train.py --model MODEL --out sg-missing.safetensors", "all-MiniLM-L6-v2")
+    assert r.returncode == 2 and str(ROOT) in line  # run_cli's folder: a relative path is read from there
+
+
+def test_an_unreachable_hub_name_says_what_works_here(tiny_data, tiny_model, tmp_path, capsys, monkeypatch):
+    """--model bert-base-uncased with no network: the loader's line, then what works here without one."""
+    def offline(name, dest):
+        raise checkpoint.LoadError(f"model '{name}': downloading it failed (no network)")
+    monkeypatch.setattr(checkpoint, "download", offline)
+    monkeypatch.setattr(checkpoint, "WEIGHTS", tmp_path / "weights")
+    with pytest.raises(SystemExit) as e:
+        evaluate.main(["--model", "bert-base-uncased", "--data-dir", str(tiny_data[0])])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and len(err.splitlines()) == 1 and "downloading it failed" in err
+    assert "what works here without a network: --model" in err and "python pretrain.py, then --model raw-bert-mini" in err
+    with pytest.raises(SystemExit):  # a model folder that is here but broken: its own error, no list
+        evaluate.main(["--model", str(tmp_path), "--data-dir", str(tiny_data[0])])
+    assert "what works here" not in capsys.readouterr().err

@@ -104,6 +104,28 @@ def test_the_python_example_runs_as_written(tmp_path):
     assert cos.shape == (3, 3) and np.allclose(np.diag(cos), 1, atol=1e-3) and np.allclose(cos, cos.T), r.stdout
 
 
+def test_the_python_example_names_the_checkpoints_path_and_fails_in_one_line(tmp_path):
+    """Run from a folder without the checkpoint (issue 53, 13), the example says why in one line: the LoadError names
+    the folder the relative path was read from and says to give the checkpoint's own path; the example itself says
+    its path is the checkpoint's."""
+    code = snippet()
+    assert "the checkpoint's path" in code
+    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    last = r.stderr.strip().splitlines()[-1]
+    assert r.returncode == 1 and last == (f"checkpoint.LoadError: quickstart.safetensors not found in the current folder "
+                                          f"{tmp_path}: a relative path is read from where Python runs; give the "
+                                          "checkpoint's own path (absolute, or relative to this folder)"), r.stderr
+    assert "checkpoint.py" not in r.stderr  # the loader's frames are not chained on
+
+
+def test_the_readme_stays_a_guide():
+    """DESIGN.md: README.md at most 300 lines; results tables live in results/README.md, the code-vs-paper table in
+    docs/fidelity.md."""
+    n = len((ROOT / "README.md").read_text().splitlines())
+    assert n <= 300, f"README.md has {n} lines: move tables or history to results/README.md or docs/"
+
+
 DOCS = ["README.md", "docs/fidelity.md", "weights/README.md", "results/README.md", "results/raw/README.md"]
 
 

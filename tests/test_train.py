@@ -759,3 +759,24 @@ def test_bf16_on_a_cpu_without_a_bf16_unit_says_so_once(world, capsys, monkeypat
     run(world, "--precision", "bf16", "--max-steps", "1", "--eval-every", "10", "--overwrite")
     assert "note:" not in capsys.readouterr().err
 
+
+def test_an_unreachable_hub_name_says_what_works_here(world, capsys, monkeypatch):
+    """--model bert-base-uncased with no network: the loader's line, then the models that need none (issue 53, 12)."""
+    def offline(name, dest):
+        raise checkpoint.LoadError(f"model '{name}' is not a local path and is not in {dest}, and downloading it "
+                                   "failed (no network)")
+    monkeypatch.setattr(checkpoint, "download", offline)
+    monkeypatch.setattr(checkpoint, "WEIGHTS", world["tmp"] / "weights")
+    with pytest.raises(SystemExit) as e:
+        run(world, "--model", "bert-base-uncased")
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and len(err.splitlines()) == 1 and "downloading it failed" in err
+    assert "what works here without a network: --model " in err and "all-MiniLM-L6-v2" in err
+    assert err.endswith("or python pretrain.py, then --model raw-bert-mini")
+    (world["tmp"] / "weights" / "raw-bert-mini").mkdir(parents=True)  # once pretrain.py has made it
+    with pytest.raises(SystemExit):
+        run(world, "--model", "bert-base-uncased")
+    assert capsys.readouterr().err.strip().endswith("or --model raw-bert-mini (in weights/)")
+    with pytest.raises(SystemExit):  # a folder of this disk that is not a model: its own error, no list
+        run(world, "--model", str(world["tmp"]))
+    assert "what works here" not in capsys.readouterr().err
