@@ -17,7 +17,8 @@ and is skipped. Shared rules, so that ratios mean something:
   step     one SG-OPT training step as train.py runs it vs the same step from transformers.BertModel with the
            official formulation of the loss and of the regulariser (a Python loop of per-parameter norms)
            and the step's achieved GFLOP/s against this machine's measured GEMM rate in the same precision
-  precision our step in bf16 autocast vs fp32 on the same device, and each against the fp32 reference step
+  precision the CPU's kind (cli.cpu_kind: bf16 matrix unit or not), then our step in bf16 autocast vs fp32 on the same
+           device, each against the fp32 reference step, and encoding sentences/s in bf16 vs fp32 (bert.encode)
   ddp      train.py itself: 1 process vs torchrun with 2 gloo processes on this CPU, the same global batch
   memory   peak memory of a few of those steps, ours vs the reference
   sts      the 7-task STS encoding: length-sorted batches (bert.encode) vs unsorted batch-16 batches in input order,
@@ -503,26 +504,61 @@ def gemm_rate(device, precision, n=2048, repeats=5):
 
 
 def bench_precision(results, args):
-    """SG-OPT step in bf16 autocast vs fp32 on the same device, and each against the fp32 reference step."""
+    """The machine's kind first (cli.cpu_kind: the CPU's name, torch's capability, whether it has a bf16 matrix
+    unit), then side by side in one run: train.py's SG-OPT step in bf16 autocast vs fp32, each against the fp32
+    reference step; and encoding (bert.encode, evaluate.py --precision) in sentences/s, bf16 vs fp32, with how far
+    bf16 moved the cosines. Without a bf16 unit bf16 is emulated, several times slower: 3 repeats and 64 sentences
+    keep the section short there (targets on a CPU with one: bf16 step and bf16 encoding >= 2x fp32's)."""
     path, data_dir, why = step_setting(args)
     if why:
         return skip(results, "precision", why)
     device = get_device(args)
+    kind = cli.cpu_kind() if device.type == "cpu" else {"model": torch.cuda.get_device_name(device),
+                                                        "capability": "cuda", "bf16_unit": True}
+    unit = kind["bf16_unit"]
+    print(f"  {kind['model']} | capability {kind['capability']} | bf16 matrix unit: "
+          f"{'yes' if unit else 'no (bf16 is emulated here)'} | {torch.get_num_threads()} threads")
     kw = dict(path=path, data_dir=data_dir, batch_size=16, device=str(device))
     runs = {"fp32": make_step_run("sgbert", precision="fp32", **kw),
             "bf16": make_step_run("sgbert", precision="bf16", **kw),
             "reference fp32": make_step_run("reference", precision="fp32", **kw)}
-    repeats = args.repeats if device.type == "cuda" else min(args.repeats, 3)
+    repeats = args.repeats if unit else min(args.repeats, 3)
     ms = {k: 1e3 * s for k, s in time_alternating(runs, repeats=repeats, sync=cuda_sync(device)).items()}
     rates = {p: gemm_rate(device, p) for p in ("fp32", "bf16")}
-    print(f"  batch 16, all-MiniLM-L6-v2, {device}, median of {repeats}: fp32 {ms['fp32']:.1f} ms   bf16 "
-          f"{ms['bf16']:.1f} ms   bf16 speed-up x{ms['fp32'] / ms['bf16']:.2f}; vs the fp32 reference "
+    print(f"  SG-OPT step, batch 16, all-MiniLM-L6-v2, {device}, median of {repeats}: fp32 {ms['fp32']:.1f} ms   bf16 "
+          f"{ms['bf16']:.1f} ms   bf16 speed-up {verdict(ms['fp32'] / ms['bf16'], 2)}; vs the fp32 reference "
           f"({ms['reference fp32']:.1f} ms): fp32 x{ms['reference fp32'] / ms['fp32']:.2f}, bf16 "
-          f"{verdict(ms['reference fp32'] / ms['bf16'], 3)}")
-    print(f"  this machine's GEMM rate: fp32 {rates['fp32']:.0f} GFLOP/s, bf16 {rates['bf16']:.0f} GFLOP/s"
-          + ("  (no native bf16 matrix unit on this CPU: bf16 is emulated)"
-             if device.type == "cpu" and rates["bf16"] < rates["fp32"] else ""))
-    results["precision"] = dict(device=str(device), ms=ms, gemm_gflops=rates)
+          f"x{ms['reference fp32'] / ms['bf16']:.2f}")
+    print(f"  this machine's GEMM rate (torch.matmul): fp32 {rates['fp32']:.0f} GFLOP/s, bf16 {rates['bf16']:.0f} GFLOP/s")
+    enc = encoding_rates(path, data_dir, device, n=512 if unit else 64, repeats=repeats)
+    print(f"  encoding {enc['sentences']} {enc['source']} (bert.encode, [CLS], batches of 64), median of {repeats}: "
+          f"fp32 {enc['per_s']['fp32']:.0f} sentences/s   bf16 {enc['per_s']['bf16']:.0f} sentences/s   bf16 speed-up "
+          f"{verdict(enc['speedup'], 2)}; bf16's cosines within {enc['max_cos_diff']:.1e} of fp32's")
+    results["precision"] = dict(device=str(device), cpu=kind, repeats=repeats, ms=ms, gemm_gflops=rates, encoding=enc)
+
+
+def encoding_rates(path, data_dir, device, n, repeats, batch_size=64):
+    """bert.encode of n sentences (STS-B test's distinct ones, else synthetic) in fp32 and in bf16, alternating:
+    sentences/s of each, and the largest difference between the two precisions' cosines over every pair."""
+    import random
+    if data_dir:
+        s1, s2, _ = data.load_stsb("test", data_dir)
+        sents, source = list(dict.fromkeys(s1 + s2))[:n], "STS-B test sentences"
+    else:
+        rng = random.Random(0)
+        sents = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(5, 20))) + " ." for _ in range(n)]
+        source = "synthetic sentences (no data folder)"
+    model, tok = bert.Bert.from_pretrained(path).to(device), bert.load_tokenizer(path)
+    fns = {p: partial(bert.encode, model, tok, sents, batch_size=batch_size, precision=p) for p in ("fp32", "bf16")}
+    sec = time_alternating(fns, repeats=repeats, sync=cuda_sync(device))
+    cos = {}
+    for p, fn in fns.items():
+        x = fn().astype(np.float64)
+        x /= np.linalg.norm(x, axis=1, keepdims=True)
+        cos[p] = x @ x.T  # every pair's cosine
+    per_s = {p: len(sents) / s for p, s in sec.items()}
+    return dict(sentences=len(sents), source=source, per_s=per_s, speedup=per_s["bf16"] / per_s["fp32"],
+                max_cos_diff=float(np.abs(cos["bf16"] - cos["fp32"]).max()))
 
 
 def bench_ddp(results, args):
