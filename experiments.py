@@ -1,7 +1,8 @@
 """
 The paper's experiments as data: each is a list of variants (train.py flags, or an untrained model's evaluation)
 run over seeds, resumably, and reported as mean +- std over seeds beside the paper's figures. This file is the table
-(EXPERIMENTS, the part a researcher edits) and the command line; sweep.py runs the runs, report.py makes the tables.
+(EXPERIMENTS, the part a researcher edits) and the command line; sweep.py runs the runs, report.py makes the tables
+(and `report-curve`'s: the curve experiment's rows over several models' folders, by tokens seen in pretraining).
 
 Each run is `python train.py ...` (or `python evaluate.py ...` for an untrained baseline) in a subprocess with a
 process group of its own, writing <out>/<experiment>/<variant>/seed-<s>.{safetensors,json,log} (eval.json for an
@@ -38,13 +39,14 @@ from pathlib import Path
 
 import data
 import sweep
-from checkpoint import LoadError, check_output, temp_path, write_text
+from checkpoint import LoadError, check_output, same_path, temp_path, write_text
 from cli import die, seed_value
-from report import report, say
+from report import CURVE_FOLDERS, report, report_curve, say
 from sweep import TRANSFER_TEXT
 
 PAPER_SEEDS = [1, 2, 3, 4, 1234, 2345, 3456, 7890]  # appendix Table 9
 RECIPE_LRS = ("1e-4", "3e-4", "5e-4")  # the recipe experiment's peak learning rates
+CURVE_SEEDS = {"sg-opt": (1, 2), "simcse": (1,)}  # report-curve's seeds of the trained rows: one n at every model
 EXAMPLES = """examples:
   python experiments.py list
   python experiments.py table5 --model $M --seeds 1 2 3 --max-steps 300 --out results
@@ -52,6 +54,7 @@ EXAMPLES = """examples:
   python experiments.py leaderboard --model $M --variants promptbert sg-opt-mean --out results
   python experiments.py report table5 --out results
   python experiments.py report figure4 --out results --plot figure4.png
+  python experiments.py report-curve results/raw results/raw/mini-2 --plot curve.png --json curve.json
 
 Any other flag goes to every train.py run whose method takes it (methods.py: --whiten-dim to the whitening only,
 --proj-size to the rows with the head f; e.g. --max-steps 300, --device cpu); evaluate.py runs get --device and
@@ -197,6 +200,19 @@ EXPERIMENTS = {
        "text for 10 epochs; SimCSE's on 10^6 Wikipedia sentences; PromptBERT's on SimCSE's). sg-opt-mean is ours: "
        "SG-OPT with BERT_T's mean-pooled last layer as c_i. The leaderboard's trained rows are these runs (its "
        "first seed's checkpoints take its transfer step)."),
+    "curve": Experiment("The paper's effect as a function of pretraining: [CLS], mean, whitening, SG-OPT, SimCSE", [
+        Variant("cls", ["--pooling", "cls"], {"BERT-base": "31.40"}, evaluate_only=True),
+        Variant("mean", ["--pooling", "mean"], {"BERT-base": "52.57"}, evaluate_only=True),
+        WHITENING,  # the SG paper has no BERT-base whitening (the whitening paper's 69.21 is wmean: not comparable)
+        SG_OPT,
+        Variant("simcse", ["--loss", "simcse"], {"BERT-base": "76.25 (SimCSE)"}),
+    ], "For each model a pretraining keeps (pretrain.py --keep-every: weights/<name>-step<N>/) and the final ones, "
+       "each with its own --out holding the model's pretraining record (weights/<name>/pretrain.json copied to "
+       "<out>/pretrain/pretrain.json): `--variants cls mean whitening sg-opt --seeds 1 2`, then `--variants simcse "
+       "--seeds 1` (a run of the same command that table1 or methods finished on that --out is copied, not run). "
+       "`report-curve OUT [OUT ...]` sets the models side by side by tokens seen, a row's runs from curve/, else "
+       "table1/, else methods/, SG-OPT at seeds 1 2 and SimCSE at seed 1 at every model unless --seeds: at what "
+       "pretraining does SG-OPT lift [CLS] above mean pooling?", drops={"sg-opt": "mean"}),
     "leaderboard": Experiment("Every method and baseline on one harness: STS, transfer and cost", [
         *[Variant(n, ["--pooling", n, "--tasks", "all", "--transfer-config", "paper"], {OWN: p}, evaluate_only=True)
           for n, p in (("cls", "31.40 (SG-BERT)"), ("mean", "52.57 (SG-BERT)"), ("first-last", "56.70 (SimCSE)"),
@@ -243,13 +259,16 @@ def get_args(argv=None):
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 allow_abbrev=False)  # so that train.py's --seed is not read as --seeds
     p.error = die  # a bad flag is one line (argparse would print the whole usage first)
-    p.add_argument("command", help=f"list | report NAME | an experiment: {' | '.join(EXPERIMENTS)}")
-    p.add_argument("name", nargs="?", help="with report: the experiment")
+    p.add_argument("command", help=f"list | report NAME | report-curve OUT [OUT ...] | an experiment: "
+                   f"{' | '.join(EXPERIMENTS)}")
+    p.add_argument("name", nargs="*", help="with report: the experiment; with report-curve: the results folders to set "
+                   "side by side, one a model (its runs' --out, holding its pretrain/pretrain.json)")
     p.add_argument("--model", default="bert-base-uncased", help="base model, as train.py --model (default: "
                    "%(default)s)")
-    p.add_argument("--seeds", type=seed_value, nargs="+", default=PAPER_SEEDS[:3],
+    p.add_argument("--seeds", type=seed_value, nargs="+",
                    help=f"the seeds of each trained variant (default: 1 2 3; the paper's 8: "
-                        f"{' '.join(map(str, PAPER_SEEDS))})")
+                        f"{' '.join(map(str, PAPER_SEEDS))}); with report-curve: the seeds each trained row averages "
+                        f"(default: {'; '.join(v + ' ' + ' '.join(map(str, s)) for v, s in CURVE_SEEDS.items())})")
     p.add_argument("--out", default="runs", help="folder of the runs and reports (default: %(default)s)")
     p.add_argument("--data-dir", default=None, help="data folder (default: $SG_DATA, else ./data)")
     p.add_argument("--variants", nargs="+", metavar="NAME", help="run only these variants (rows) of the experiment, "
@@ -257,7 +276,10 @@ def get_args(argv=None):
                    "setting (default: all)")
     p.add_argument("--no-wait", action="store_true", help="leave the runs another live sweep holds (exit status 1) "
                    "instead of waiting for them before the report (default: wait)")
-    p.add_argument("--plot", help="with report figure4: draw the paper's Figure 4 bars to this .png (needs matplotlib)")
+    p.add_argument("--plot", help="with report figure4: draw the paper's Figure 4 bars to this .png; with "
+                   "report-curve: the curve, x = tokens seen (needs matplotlib)")
+    p.add_argument("--json", help="with report-curve: write its table to this .json and a .md beside it (default: "
+                   "beside --plot, e.g. curve.png -> curve.json, curve.md; without --plot, printed only)")
     return p.parse_known_args(argv)
 
 
@@ -293,10 +315,12 @@ def check_data(exp, args, extra):
 def check_sweep(args, extra):
     """A sweep's flags: the experiment and its rows, the seeds, and no flag that no run of it takes."""
     if args.command not in EXPERIMENTS:
-        die(f"unknown experiment {args.command!r}: choose list, report or one of {', '.join(EXPERIMENTS)}")
+        die(f"unknown experiment {args.command!r}: choose list, report, report-curve or one of "
+            f"{', '.join(EXPERIMENTS)}")
     if args.name or args.plot:
-        die(f"{args.name or '--plot'}: only `report` takes an experiment name or --plot")
-    bad = [f for f in extra if f.partition("=")[0] in ("--out", "--json", "--seed", "--overwrite")]
+        die(f"{args.name or '--plot'}: only `report` takes an experiment name or --plot (and `report-curve` folders)")
+    bad = ["--json"] * bool(args.json) + [f for f in extra if f.partition("=")[0] in ("--out", "--seed",
+                                                                                      "--overwrite")]
     if bad:
         die(f"{bad[0]} is set per run by experiments.py (use --out for the sweep's folder, --seeds for the seeds)")
     names = [v.name for v in EXPERIMENTS[args.command].variants]
@@ -321,23 +345,85 @@ def check_report(args):
         die(f"report {args.name or '(no name)'}: choose one of {', '.join(EXPERIMENTS)}")
     if args.variants:
         die("--variants chooses the rows a sweep runs; report shows every finished run (drop --variants)")
+    if args.json:
+        die(f"--json: report {args.name} writes results.json beside its runs (--json is report-curve's)")
+    if args.plot and args.name == "curve":
+        die("--plot: the curve is drawn over several models: python experiments.py report-curve OUT [OUT ...] --plot "
+            "FILE.png")
     if args.plot and not EXPERIMENTS[args.name].drops:
         die(f"--plot draws the drops of figure4 (or domain, precision); {args.name} has none")
     if args.plot:
-        try:
-            import matplotlib  # noqa: F401
-        except ImportError:
-            die("--plot needs matplotlib: pip install matplotlib (or drop --plot; the tables have the same numbers)")
-        try:
-            check_output(args.plot, ".png")  # a .png in a folder we can write to, before the report is made
-        except LoadError as e:
-            die(f"--plot {e}")
+        check_plot(args.plot)
+
+
+def check_plot(plot):
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        die("--plot needs matplotlib: pip install matplotlib (or drop --plot; the tables have the same numbers)")
+    try:
+        check_output(plot, ".png")  # a .png in a folder we can write to, before the report is made
+    except LoadError as e:
+        die(f"--plot {e}")
+
+
+def check_curve(args, extra):
+    """report-curve's folders, seeds and outputs, before any record is read. Returns the .json to write, or None."""
+    if not args.name:
+        die("report-curve needs the results folders to set side by side: OUT [OUT ...], each a model's --out with "
+            "its pretrain/pretrain.json")
+    if extra or args.variants:
+        die(f"{extra[0] if extra else '--variants'}: report-curve takes its folders (first), --seeds, --plot and "
+            "--json only")
+    for out in args.name:
+        if not Path(out).is_dir():
+            die(f"{out} is not a folder: give the --out of each model's runs")
+    twice = [b for i, b in enumerate(args.name) if any(same_path(a, b) for a in args.name[:i])]
+    if twice:
+        die(f"{twice[0]} is given twice: give each model's folder once")
+    if args.seeds and len(set(args.seeds)) < len(args.seeds):
+        die(f"--seeds {' '.join(map(str, args.seeds))}: a seed is given twice")
+    if args.plot:
+        check_plot(args.plot)
+    out = args.json or (Path(args.plot).with_suffix(".json") if args.plot else None)
+    if out is None:
+        return None
+    try:
+        check_output(out, ".json")
+    except LoadError as e:
+        die(f"--json {e}")
+    read = [p for d in args.name for p in (Path(d) / "pretrain" / "pretrain.json",
+                                           *[q for f in CURVE_FOLDERS for q in Path(d).glob(f"{f}/*/*.json")])]
+    mine = next((p for p in read if same_path(p, out)), None)
+    if mine:
+        die(f"--json {out} is {mine}, which report-curve reads: choose another file")
+    return out
+
+
+def curve(args, extra):
+    """report-curve: the curve experiment's rows over the models of several results folders (report.report_curve)."""
+    out, exp = check_curve(args, extra), EXPERIMENTS["curve"]
+    seeds = {v.name: tuple(args.seeds or CURVE_SEEDS.get(v.name, ())) or None for v in exp.variants
+             if not v.evaluate_only and v.seeded}
+    try:
+        models = report_curve(exp, args.name, seeds, out, args.plot)
+    except LoadError as e:
+        die(e)
+    if models is None:
+        die(f"no finished runs of the curve's rows in {', '.join(args.name)} ({'/, '.join(CURVE_FOLDERS)}/): "
+            "are the folders right?", code=1)
+    return models
 
 
 def main(argv=None):
     args, extra = get_args(argv)
     if args.command == "list":
         return list_experiments()
+    if args.command == "report-curve":
+        return curve(args, extra)
+    if len(args.name) > 1:
+        die(f"{args.name[1]}: {args.command} takes {'one experiment name' if args.command == 'report' else 'none'}")
+    args.name, args.seeds = (args.name or [None])[0], args.seeds or PAPER_SEEDS[:3]
     if args.command == "report":
         check_report(args)
         summary = report(args.name, EXPERIMENTS[args.name], args.out, args.plot)

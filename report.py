@@ -1,7 +1,8 @@
 """
 The reports of experiments.py: which run records count, mean +- std over seeds, and the paper's tables (Table 1 and 5:
 the STS tasks; Table 4: transfer; Table 6: efficiency; Figure 4: the drops; the leaderboard), printed and written as
-results.md and results.json beside the runs. It reads only: sweep.py writes the records.
+results.md and results.json beside the runs; and the curve: one experiment's rows over several models' results
+folders, by tokens seen in pretraining (report_curve). It reads only: sweep.py writes the records.
 
 A record is <out>/<experiment>/<variant>/{seed-<s>,eval,fit}.json. It counts when it is valid JSON of a run's shape
 holding every number its experiment's tables need (needs); any other is named with what to do, and left out. A row
@@ -18,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 import data
-from checkpoint import atomic_write, display_name, write_json, write_text
+from checkpoint import LoadError, atomic_write, display_name, write_json, write_text
 from data import SHORT, TASKS
 
 RECORD = re.compile(r"(seed-\d+|eval|fit)\.json")  # never the hidden files of runs in flight (.seed-1.result.json)
@@ -385,6 +386,167 @@ def plot_drops(exp, summary, path):
                ncol=2, fontsize=8)
     fig.tight_layout(rect=(0, 0.08, 1, 1))
     atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=120))  # a kill leaves the old figure or the new
+    print(f"figure written to {path}")
+
+
+# -----------------------------------------------------------------------------
+# the curve: one experiment's rows over several models (a pretraining's intermediate models), x = tokens seen
+
+CURVE_FOLDERS = ("curve", "table1", "methods")  # where a model's row is looked for, in this order
+LABELS = {"cls": "[CLS]", "mean": "mean", "whitening": "whitening", "sg-opt": "SG-OPT", "simcse": "SimCSE"}
+
+
+def pretraining(out):
+    """The model a results folder holds the runs of, from its pretraining record out/pretrain/pretrain.json:
+    {out, name, sha256, train_tokens_seen, mlm_acc (held out)}. LoadError naming the file and what to do when it is
+    missing or lacks one of them."""
+    path = Path(out) / "pretrain" / "pretrain.json"
+    if not path.is_file():
+        raise LoadError(f"{path} not found: copy the model's pretraining record there (pretrain.py writes it as "
+                        "weights/<name>/pretrain.json beside its model.safetensors)")
+    rec, why = read_record(path, [("train_tokens_seen",), ("held_out", "mlm_acc")])
+    sha = get(rec, "sha256", "model.safetensors")
+    if rec is not None and not (isinstance(sha, str) and re.fullmatch(r"[0-9a-f]{64}", sha)):
+        why = "'sha256/model.safetensors' is missing or not a sha256"
+    if why:
+        raise LoadError(f"{path}: {why}; copy the model's own pretrain.json there again")
+    step = rec.get("intermediate") if isinstance(rec.get("intermediate"), dict) else {}
+    name = f"{step.get('of')}-step{step.get('step')}" if step else get(rec, "args", "name") or Path(out).name
+    return {"out": str(out), "name": name, "sha256": sha, "train_tokens_seen": rec["train_tokens_seen"],
+            "mlm_acc": rec["held_out"]["mlm_acc"]}
+
+
+def curve_row(exp, v, out, sha, seeds=None):
+    """Row v's runs on the model of sha256 sha: those of the first of out's CURVE_FOLDERS that holds a run that
+    counts (a valid record, of that model's weights, of one of the seeds when given, of the setting most share):
+    (folder, [records]), or (None, []); and [(path, why)] of the runs left out on the way."""
+    bad = []
+    for folder in CURVE_FOLDERS:
+        paths = sorted((p for p in (Path(out) / folder / v.name).glob("*.json") if RECORD.fullmatch(p.name)),
+                       key=lambda p: (len(p.name), p.name))
+        good = []
+        for path in paths:
+            rec, why = read_record(path, needs(exp, v))
+            if rec is not None and rec.get("model_sha256") != sha:
+                theirs = rec.get("model_sha256")
+                theirs = f"{theirs[:16]}..." if isinstance(theirs, str) and theirs else "none"
+                rec, why = None, (f"a run on other weights (its model_sha256 {theirs}, this folder's model "
+                                  f"{sha[:16]}... by pretrain/pretrain.json): never mixed in")
+            if rec is None:
+                bad.append((path, why))
+            elif seeds is None or rec.get("seed") in seeds:
+                good.append((path, rec))
+        kept, other = one_setting(v.name, good)
+        bad += other
+        if kept:
+            return folder, kept, bad
+    return None, [], bad
+
+
+def curve(exp, outs, seeds):
+    """The models of the results folders outs, sorted by tokens seen, each with its rows {variant: {avg: [mean, std],
+    n, seeds, runs: folder/variant}} (the 7-task average, `all`), and [(path, why)] of the runs left out.
+    seeds: {variant: the seeds its row averages, or None for all}."""
+    models, bad = [], []
+    for out in outs:
+        m = {**pretraining(out), "rows": {}}
+        for v in exp.variants:
+            folder, recs, left = curve_row(exp, v, out, m["sha256"], seeds.get(v.name))
+            bad += left
+            if recs:
+                m["rows"][v.name] = {"avg": ms([r["sts"]["avg"]["all"] for r in recs]), "n": len(recs),
+                                     "seeds": [r.get("seed") for r in recs], "runs": f"{folder}/{v.name}"}
+        for v, ref in exp.drops.items():
+            if v in m["rows"] and ref in m["rows"]:
+                m[f"{v} - {ref}"] = m["rows"][v]["avg"][0] - m["rows"][ref]["avg"][0]
+        models.append(m)
+    return sorted(models, key=lambda m: m["train_tokens_seen"]), bad
+
+
+def paper_figure(v):
+    """A variant's BERT-base figure as a number ("74.62 +- 0.25" -> 74.62), or None."""
+    x = v.paper.get("BERT-base")
+    return float(x.split()[0]) if x else None
+
+
+def curve_table(exp, models, bad):
+    """The curve as markdown: a line a model (tokens seen, held-out MLM accuracy, each row's mean +- std (n)), the
+    paper's BERT-base line, then where each cell's runs are and the runs left out."""
+    rows, drops = [v.name for v in exp.variants], list(exp.drops.items())
+    head = ["model", "tokens seen", "MLM acc", *[LABELS.get(r, r) for r in rows],
+            *[f"{LABELS.get(v, v)} - {LABELS.get(ref, ref)}" for v, ref in drops]]
+    lines = []
+    for m in models:
+        cells = [f"{cell(c['avg'], c['n'])} ({c['n']})" if (c := m["rows"].get(r)) else "" for r in rows]
+        gains = [f"{m[f'{v} - {ref}']:+.2f}" if f"{v} - {ref}" in m else "" for v, ref in drops]
+        tokens = f"{m['train_tokens_seen'] / 1e6:,.2f}M"
+        lines.append([m["name"], tokens, f"{100 * m['mlm_acc']:.2f}%", *cells, *gains])
+    paper = {v.name: v.paper.get("BERT-base", "") for v in exp.variants}
+    ref = {v.name: paper_figure(v) for v in exp.variants}
+    lines.append(["BERT-base (the paper)", "", "", *[paper[r] for r in rows], *[
+        f"{ref[v] - ref[r]:+.2f}" if ref[v] is not None and ref[r] is not None else "" for v, r in drops]])
+    where = [[m["name"], m["out"], f"{m['sha256'][:16]}...", *[
+        f"{c['runs']}" + (f": {' '.join(map(str, c['seeds']))}" if c["seeds"] != [None] else "")
+        if (c := m["rows"].get(r)) else "" for r in rows]] for m in models]
+    text = [f"## curve: {exp.title}", "", "The 7 STS tasks' average (Spearman x100, `all` protocol), mean +- std over "
+            "seeds (n); a line a model, by tokens seen in pretraining; MLM acc: held-out masked-token accuracy. "
+            + exp.note, "", *table(head, lines), "", "Where each cell's runs are (results folder, then folder/row: "
+            f"seeds; the first of {', '.join(f'{f}/' for f in CURVE_FOLDERS)} that has runs of the model's weights):",
+            "", *table(["model", "results folder", "sha256", *[LABELS.get(r, r) for r in rows]], where)]
+    return text + ([""] + [f"Left out: {p} ({why})" for p, why in bad] if bad else [])
+
+
+def report_curve(exp, outs, seeds, json_path=None, plot=None):
+    """Print the curve's table and write it as json_path and a .md beside (when given), and the figure (plot).
+    Returns the models (curve), or None when no model has a finished run of any row."""
+    models, bad = curve(exp, outs, seeds)
+    for path, why in bad:
+        print(bad_record_line(path, why), file=sys.stderr, flush=True)
+    if not any(m["rows"] for m in models):
+        return None
+    text = "\n".join(curve_table(exp, models, bad)) + "\n"
+    say(text)
+    if json_path:
+        write_json(json_path, {"experiment": "curve", "title": exp.title, "seeds": seeds, "models": models,
+                               "paper": {v.name: paper_figure(v) for v in exp.variants},
+                               "left_out": [[str(p), why] for p, why in bad]})
+        write_text(Path(json_path).with_suffix(".md"), text)
+        print(f"written to {json_path} and {Path(json_path).with_suffix('.md')}")
+    if plot:
+        plot_curve(exp, models, plot)
+    return models
+
+
+def plot_curve(exp, models, path):
+    """x: tokens seen (log), y: the 7-task average, a line a row with the seeds' std as error bars; the paper's
+    BERT-base figure of each row as a dashed line of its colour."""
+    import matplotlib
+    matplotlib.use("Agg")  # no display needed
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    for i, v in enumerate(exp.variants):
+        color, label = f"C{i}", LABELS.get(v.name, v.name)
+        pts = [(m["train_tokens_seen"], *m["rows"][v.name]["avg"]) for m in models if v.name in m["rows"]]
+        if pts:
+            x, y, err = zip(*pts)
+            ax.errorbar(x, y, yerr=err, color=color, marker="o", capsize=3, label=label)
+        if (ref := paper_figure(v)) is not None:
+            whose = v.paper["BERT-base"].partition("(")[2].rstrip(")") or "SG"  # "76.25 (SimCSE)": SimCSE's paper
+            ax.axhline(ref, color=color, linestyle="--", linewidth=1, alpha=0.7,
+                       label=f"{label}, BERT-base ({whose} paper)")
+    ax.set_xscale("log")
+    ax.set_xlabel("tokens seen in pretraining (log scale)")
+    ax.set_ylabel("7 STS tasks, average Spearman x100 (all)")
+    ax.set_title("The paper's effect as a function of pretraining", fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    handles, labels = ax.get_legend_handles_labels()  # each row beside its reference
+    rank = {LABELS.get(v.name, v.name): i for i, v in enumerate(exp.variants)}
+    order = sorted(range(len(labels)), key=lambda j: (rank[labels[j].split(",")[0]], "," in labels[j]))
+    ax.legend([handles[j] for j in order], [labels[j] for j in order], fontsize=7, loc="center left",
+              bbox_to_anchor=(1.01, 0.5))
+    fig.tight_layout()
+    atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=120))  # a kill leaves the old figure or the new
+    plt.close(fig)
     print(f"figure written to {path}")
 
 

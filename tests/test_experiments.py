@@ -919,3 +919,192 @@ def test_a_checkpoint_replaced_beside_its_record_is_not_taken_for_its_run(fake, 
     assert [c[0] for c in calls] == ["train.py", "evaluate.py"]
     assert calls[1][1][calls[1][1].index("--ckpt") + 1] == str(fake.out / "table4/sg-opt/seed-1.safetensors")
     assert "trained_as" not in json.loads((fake.out / "table4/sg-opt/seed-1.json").read_text())
+
+
+# -----------------------------------------------------------------------------
+# the curve: report-curve over several models' results folders, by tokens seen
+
+
+def pretrain_json(out, name, tokens, acc, sha, step=None):
+    """A model's pretraining record as pretrain.py writes it (the keys report-curve reads, and a few more)."""
+    rec = dict(args=dict(name=name, layers=4, hidden=256), train_tokens_seen=tokens, train_seconds=60.0,
+               held_out=dict(sentences=968, masked_tokens=2066, mlm_loss=5.0, mlm_acc=acc),
+               sha256={"model.safetensors": sha, "tokenizer.json": "1c" * 32})
+    if step:
+        rec["intermediate"] = dict(of=name, step=step, steps=4 * step)
+    record(out / "pretrain" / "pretrain.json", **rec)
+
+
+def curve_run(path, score, sha, seed=None, model="m"):
+    """A run record of a curve row in the shape the sweep writes (its key, its model's sha256, the STS scores)."""
+    row = path.parent.name
+    flags = [f for v in experiments.EXPERIMENTS["curve"].variants if v.name == row for f in v.flags]
+    script = "evaluate.py" if row in ("cls", "mean") else "train.py"
+    rec = {k: v for k, v in sts_record(score, seed).items() if script == "train.py" or k != "train"}
+    rec["sts"]["avg"]["all"] = score  # the 7-task average report-curve reads (every task the same score)
+    key = json.dumps([model, [script, *flags, *(["--seed", str(seed)] if seed is not None else [])], seed])
+    record(path, **rec, key=key, model_sha256=sha)
+
+
+def curve_models(tmp_path, rng):
+    """Three models' folders, given out of token order: (folders, {folder: sha256}, {(folder, row): [scores]})."""
+    outs, shas, scores = [tmp_path / n for n in ("late", "early", "mid")], {}, {}
+    for i, (out, tokens) in enumerate(zip(outs, (43_381_194, 7_160_266, 20_000_000))):
+        shas[out] = f"{i + 1:x}" * 64
+        pretrain_json(out, "raw-bert-mini-3" if out.name == "mid" else out.name, tokens, 0.25 + 0.05 * i,
+                      shas[out], step=1000 if out.name == "mid" else None)
+        for row, folder, seeds in (("cls", "table1", [None]), ("mean", "table1", [None]),
+                                   ("whitening", "table1", [None]), ("sg-opt", "table1", [1, 2, 3]),
+                                   ("simcse", "methods", [1, 2])):
+            xs = scores[out, row] = [float(30 + 20 * rng.random()) for _ in seeds]
+            for seed, x in zip(seeds, xs):
+                curve_run(out / folder / row / (f"seed-{seed}.json" if seed else
+                                                "fit.json" if row == "whitening" else "eval.json"), x, shas[out], seed)
+    return outs, shas, scores
+
+
+def test_the_curve_is_numpy_over_the_records_by_tokens_seen(tmp_path, capsys):
+    """Each cell is numpy's mean and sample std over its runs (SG-OPT seeds 1 2 and SimCSE seed 1 by default, the
+    paper's 8 with --seeds), the models sorted by tokens seen, SG-OPT minus mean from the means; written atomically
+    as the .json and the .md beside it."""
+    outs, shas, scores = curve_models(tmp_path, np.random.default_rng(0))
+    js = tmp_path / "curve.json"
+    experiments.main(["report-curve", *map(str, outs), "--json", str(js)])
+    got = json.loads(js.read_text())
+    assert [m["name"] for m in got["models"]] == ["early", "raw-bert-mini-3-step1000", "late"]
+    assert [m["train_tokens_seen"] for m in got["models"]] == [7_160_266, 20_000_000, 43_381_194]
+    for m in got["models"]:
+        out = Path(m["out"])
+        assert m["sha256"] == shas[out]
+        for row, seeds in (("cls", 1), ("mean", 1), ("whitening", 1), ("sg-opt", 2), ("simcse", 1)):
+            xs = scores[out, row][:seeds]
+            want = [np.mean(xs), np.std(xs, ddof=1) if seeds > 1 else 0.0]
+            assert m["rows"][row]["avg"] == pytest.approx(want) and m["rows"][row]["n"] == seeds
+        assert m["sg-opt - mean"] == pytest.approx(np.mean(scores[out, "sg-opt"][:2]) - scores[out, "mean"][0])
+    md = js.with_suffix(".md").read_text()
+    assert capsys.readouterr().out.startswith(md)  # printed as written
+    early = got["models"][0]["rows"]["sg-opt"]["avg"]
+    assert "| early | 7.16M | 30.00% | " in md and f"| {early[0]:.2f} +- {early[1]:.2f} (2) |" in md
+    assert "| BERT-base (the paper) |  |  | 31.40 | 52.57 |  | 74.62 +- 0.25 | 76.25 (SimCSE) | +22.05 |" in md
+    assert md.index("| early |") < md.index("| raw-bert-mini-3-step1000 |") < md.index("| late |")
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".curve")]  # no temp file left
+    experiments.main(["report-curve", *map(str, outs), "--seeds", *map(str, experiments.PAPER_SEEDS)])
+    out = capsys.readouterr().out
+    xs = scores[outs[0], "sg-opt"]
+    assert f"| {np.mean(xs):.2f} +- {np.std(xs, ddof=1):.2f} (3) |" in out and "table1/sg-opt: 1 2 3 |" in out
+
+
+def test_a_run_of_another_models_weights_is_named_and_left_out(tmp_path, capsys):
+    outs, shas, scores = curve_models(tmp_path, np.random.default_rng(1))
+    late = outs[0]
+    curve_run(late / "table1/sg-opt/seed-2.json", 99.0, shas[outs[1]], seed=2)  # early's run, in late's folder
+    curve_run(late / "table1/mean/eval.json", 99.0, None)  # names no weights: cannot be this model's
+    models = experiments.main(["report-curve", *map(str, outs)])
+    m = next(m for m in models if m["out"] == str(late))
+    assert m["rows"]["sg-opt"]["seeds"] == [1] and m["rows"]["sg-opt"]["avg"] == [scores[late, "sg-opt"][0], 0.0]
+    assert "mean" not in m["rows"] and "sg-opt - mean" not in m
+    cap = capsys.readouterr()
+    for name, theirs in (("sg-opt/seed-2.json", f"{shas[outs[1]][:16]}..."), ("mean/eval.json", "none")):
+        why = f"a run on other weights (its model_sha256 {theirs}, this folder's model {shas[late][:16]}... by " \
+              "pretrain/pretrain.json): never mixed in"
+        path = late / "table1" / name
+        assert f"{path}: {why}" in cap.err and f"Left out: {path} ({why})" in cap.out
+
+
+def test_a_rows_runs_come_from_curve_then_table1_then_methods(tmp_path, capsys):
+    """The first folder with runs of the model's weights gives the row (never a mix of two), and the output says
+    which."""
+    out, sha = tmp_path / "m", "ab" * 32
+    pretrain_json(out, "m", 1000, 0.3, sha)
+    for folder, score in (("methods", 40.0), ("table1", 50.0), ("curve", 60.0)):
+        for seed in (1, 2):
+            curve_run(out / folder / "sg-opt" / f"seed-{seed}.json", score + seed, sha, seed)
+    curve_run(out / "curve/simcse/seed-1.json", 70.0, "cd" * 32, 1)  # another model's: not curve/'s row
+    curve_run(out / "methods/simcse/seed-1.json", 33.0, sha, 1)
+    for want, folder in ((61.5, "curve"), (51.5, "table1"), (41.5, "methods")):
+        models = experiments.main(["report-curve", str(out)])
+        rows = models[0]["rows"]
+        assert rows["sg-opt"]["avg"][0] == want and rows["sg-opt"]["runs"] == f"{folder}/sg-opt"
+        assert rows["simcse"]["avg"][0] == 33.0 and rows["simcse"]["runs"] == "methods/simcse"
+        assert f"| {folder}/sg-opt: 1 2 | methods/simcse: 1 |" in capsys.readouterr().out
+        for p in (out / folder / "sg-opt").iterdir():
+            p.unlink()
+
+
+def test_the_curve_sweep_copies_table1s_and_methods_runs_and_reports_them(fake, capsys):
+    """The curve's rows are table1's and methods' commands: their finished runs on the same --out are copied, not
+    run again; report-curve then reads the curve's own folder, on the weights its pretrain.json names."""
+    model = fake.tmp / "raw-bert-mini-3-step1000"
+    model.mkdir()
+    (model / "model.safetensors").write_bytes(b"weights")
+    pretrain_json(fake.out, "raw-bert-mini-3", 5_000_000, 0.3, hashlib.sha256(b"weights").hexdigest(), step=1000)
+    argv = [*fake.argv[2:-3], "--model", str(model)]
+    experiments.main(["table1", *argv, "--variants", "cls", "mean", "whitening", "sg-opt", "--seeds", "1", "2"])
+    experiments.main(["methods", *argv, "--variants", "simcse", "--seeds", "1"])
+    n = len(fake.calls())
+    experiments.main(["curve", *argv, "--variants", "cls", "mean", "whitening", "sg-opt", "--seeds", "1", "2"])
+    experiments.main(["curve", *argv, "--variants", "simcse", "--seeds", "1"])
+    assert fake.calls()[n:] == []  # nothing run again
+    assert json.loads((fake.out / "curve/simcse/seed-1.json").read_text())["same_as"] == "methods/simcse/seed-1.json"
+    capsys.readouterr()
+    models = experiments.main(["report-curve", str(fake.out)])
+    rows = models[0]["rows"]
+    assert {r: c["runs"] for r, c in rows.items()} == {r: f"curve/{r}" for r in ("cls", "mean", "whitening",
+                                                                                  "sg-opt", "simcse")}
+    assert rows["sg-opt"]["avg"] == pytest.approx([73.15, np.std([73.1, 73.2], ddof=1)])  # the fake's scores
+    assert "| raw-bert-mini-3-step1000 | 5.00M | 30.00% |" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["report-curve"], "report-curve needs the results folders"),
+    (["report-curve", "{t}/nope"], "/nope is not a folder: give the --out of each model's runs"),
+    (["report-curve", "{t}/a", "{t}/a/."], "/a/. is given twice"),
+    (["report-curve", "{t}/b"], "/b/pretrain/pretrain.json not found: copy the model's pretraining record there"),
+    (["report-curve", "{t}/a", "--json", "{t}/a/pretrain/pretrain.json"], "which report-curve reads"),
+    (["report-curve", "{t}/a", "--variants", "cls"], "--variants: report-curve takes its folders (first)"),
+    (["report-curve", "{t}/a", "--plot", "{t}/a"], "is a folder; give a file name ending in .png"),
+    (["report", "curve", "--plot", "{t}/c.png"], "the curve is drawn over several models: python experiments.py "
+                                                 "report-curve"),
+    (["report", "table1", "--json", "{t}/c.json"], "--json is report-curve's"),
+    (["table1", "--json", "{t}/c.json"], "--json is set per run by experiments.py"),
+    (["report", "table1", "table5"], "table5: report takes one experiment name"),
+])
+def test_bad_curve_commands_are_one_line(argv, message, tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "matplotlib", types.ModuleType("matplotlib"))  # as if installed
+    pretrain_json(tmp_path / "a", "a", 1000, 0.3, "ab" * 32)
+    (tmp_path / "b").mkdir()
+    with pytest.raises(SystemExit) as e:
+        experiments.main([a.format(t=tmp_path) for a in argv])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_damaged_pretrain_record_is_one_line_and_no_runs_is_exit_1(tmp_path, capsys):
+    write(tmp_path / "a/pretrain/pretrain.json", '{"train_tokens_seen": 1000, "held_out": {"mlm_acc": 0.3}}')
+    with pytest.raises(SystemExit) as e:
+        experiments.main(["report-curve", str(tmp_path / "a")])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.strip() == f"error: {tmp_path}/a/pretrain/pretrain.json: 'sha256/model." \
+        "safetensors' is missing or not a sha256; copy the model's own pretrain.json there again"
+    pretrain_json(tmp_path / "a", "a", 1000, 0.3, "ab" * 32)
+    with pytest.raises(SystemExit) as e:
+        experiments.main(["report-curve", str(tmp_path / "a")])
+    assert e.value.code == 1 and "no finished runs of the curve's rows" in capsys.readouterr().err
+
+
+def test_report_curve_plot_needs_matplotlib(tmp_path, monkeypatch, capsys):
+    pretrain_json(tmp_path / "a", "a", 1000, 0.3, "ab" * 32)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if it were not installed
+    with pytest.raises(SystemExit) as e:
+        experiments.main(["report-curve", str(tmp_path / "a"), "--plot", str(tmp_path / "c.png")])
+    assert e.value.code == 2 and "--plot needs matplotlib: pip install matplotlib" in capsys.readouterr().err
+
+
+def test_report_curve_plot(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    outs, _, _ = curve_models(tmp_path, np.random.default_rng(2))
+    experiments.main(["report-curve", *map(str, outs), "--plot", str(tmp_path / "curve.png")])
+    assert (tmp_path / "curve.png").stat().st_size > 1000
+    assert json.loads((tmp_path / "curve.json").read_text())["models"][0]["name"] == "early"  # beside the figure
+    assert (tmp_path / "curve.md").read_text().startswith("## curve: ")
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".curve")]  # written atomically: no temp left
