@@ -104,8 +104,9 @@ def get_args(argv=None):
     a("--precision", choices=["fp32", "bf16"], default="fp32", help="fp32 (default: the recorded sha256s), or bf16: "
       "autocast of the encoder and head, fp32 master weights, loss and softmax; fast only on a CPU with bf16 matrix "
       "instructions (AVX512-BF16, AMX) or a GPU")
-    a("--keep-every", type=pos(), help="also write the model as it is every N steps: weights/<name>-step<N>/, each "
-      "with its own record (held-out MLM score, tokens seen) and sha256: pretraining's intermediate models")
+    a("--keep-at", type=steps_list, default=[], help="also write the model as it is after these steps (comma-separated, "
+      "e.g. 750,1500,3000: doubling steps suit a log-scale curve): weights/<name>-step<N>/, each with its own record "
+      "(held-out MLM score, tokens seen) and sha256: pretraining's intermediate models")
     a("--threads", type=pos(), default=2, help="torch CPU threads; part of the result's identity: float sums are "
       "ordered by it (default %(default)s)")
     a("--device", default="auto", choices=["auto", "cpu", "cuda"], help="auto (default): cuda when available")
@@ -118,6 +119,17 @@ def get_args(argv=None):
     a("--sample-out", help="where --sample writes (a .txt file)")
     a("--fresh", action="store_true", help="ignore (and replace) the resume state of an earlier run")
     return check_args(p.parse_args(argv))
+
+
+def steps_list(s):
+    """--keep-at: comma-separated step numbers >= 1, returned sorted and distinct."""
+    try:
+        steps = sorted({int(x) for x in s.split(",")})
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{s!r}: comma-separated step numbers, e.g. 750,1500,3000") from None
+    if steps[0] < 1:
+        raise argparse.ArgumentTypeError(f"{s}: steps are at least 1")
+    return steps
 
 
 def check_args(args):
@@ -136,6 +148,9 @@ def check_args(args):
                         "there would replace it; choose another file")
     if args.text and args.add_text:
         die("--text replaces the data folder's text, --add-text adds to it: give one of them")
+    if args.keep_at and args.keep_at[-1] >= args.steps:
+        die(f"--keep-at {args.keep_at[-1]}: intermediate models come before the last step (--steps {args.steps}), "
+            "which writes weights/<name>/ itself")
     if args.dropout >= 1 or args.mask_prob >= 1 or args.warmup > 1:
         die("--dropout and --mask-prob must be below 1, --warmup at most 1")
     if args.hidden % args.heads:
@@ -399,7 +414,7 @@ def mlm_step(model, head, optimizer, tracked, batch, lr, clip):
 
 def train(run, model, head, optimizer, state, keep=None):
     """The loop: from state['step'] to --steps, a log line after the first step and every --log-every steps, the
-    resume state every --save-every steps, keep(step, tokens seen, seconds) every --keep-every steps (the
+    resume state every --save-every steps, keep(step, tokens seen, seconds) after each --keep-at step (the
     intermediate folders)."""
     args, order = run["args"], run["order"]
     tracked = [p for g in optimizer.param_groups for p in g["params"]]
@@ -438,7 +453,7 @@ def train(run, model, head, optimizer, state, keep=None):
             n_masked = 0
         if state["step"] % args.save_every == 0 and state["step"] < args.steps:
             save_state(run["state_file"], model, head, optimizer, state)
-        if keep and args.keep_every and state["step"] % args.keep_every == 0 and state["step"] < args.steps:
+        if keep and state["step"] in args.keep_at:
             keep(state["step"], state["tokens"] + tok, state["seconds"] + time.perf_counter() - t0)
 
 
@@ -718,7 +733,7 @@ def finish(run, text, model, head, state, git, dest, extra=None):
     print(f"held out: {held['sentences']} sentences, {held['masked_tokens']} masked tokens | mlm loss "
           f"{shown(held['mlm_loss'])} | mlm acc {shown(held['mlm_acc'])}", flush=True)
     record = {"args": {**identity(args, text), "tokenizer": text["tokenizer"], "log_every": args.log_every,
-                       "save_every": args.save_every, "keep_every": args.keep_every},
+                       "save_every": args.save_every, "keep_at": args.keep_at},
               "text": text, "held_out": held, "history": state["history"], "train_tokens_seen": state["tokens"],
               "train_seconds": round(state["seconds"], 1), "torch": torch.__version__, "git": git,
               "cpu": cli.cpu_kind() if args.device == "cpu" else None,
@@ -772,12 +787,12 @@ def intermediate(args, step):
 def check_intermediate(args, state):
     """Before any work: an intermediate folder this run will write that exists already must be this very run's (a
     resumed run writes it again, the same bytes), else --overwrite; a file or link there is refused."""
-    for step in range(args.keep_every or args.steps, args.steps, args.keep_every or args.steps):
+    for step in args.keep_at:
         where = intermediate(args, step)
         if step <= state["step"] or not (where.exists() or where.is_symlink()):
             continue
         if where.is_symlink() or not where.is_dir():
-            die(f"{where} is a {'symbolic link' if where.is_symlink() else 'file'}, not a model folder: --keep-every "
+            die(f"{where} is a {'symbolic link' if where.is_symlink() else 'file'}, not a model folder: --keep-at "
                 "writes a folder there; move it away")
         try:
             old = json.loads((where / "pretrain.json").read_text(encoding="utf-8"))["args"]

@@ -282,7 +282,7 @@ def test_a_sample_is_training_sentences_of_the_text(minilm_path, text_file, tmp_
 
 
 # -----------------------------------------------------------------------------
-# --pack: BERT's segments; --precision bf16; --keep-every; what an interrupted or misled run says
+# --pack: BERT's segments; --precision bf16; --keep-at; what an interrupted or misled run says
 
 
 @pytest.fixture
@@ -375,8 +375,8 @@ def test_a_bf16_step_is_within_tolerance_of_fp32(minilm_path, text_file):
     assert not torch.equal(g16, g32), "bf16 ran as fp32"
 
 
-def test_keep_every_writes_intermediate_models_with_their_own_records(minilm_path, text_file, weights, capsys):
-    whole = run("k", text_file, minilm_path, "--steps", "6", "--keep-every", "2")
+def test_keep_at_writes_intermediate_models_with_their_own_records(minilm_path, text_file, weights, capsys):
+    whole = run("k", text_file, minilm_path, "--steps", "6", "--keep-at", "4,2")
     for step in (2, 4):
         folder = weights / f"k-step{step}"
         rec = json.loads((folder / "pretrain.json").read_text())
@@ -388,14 +388,17 @@ def test_keep_every_writes_intermediate_models_with_their_own_records(minilm_pat
     assert 0 < two["train_tokens_seen"] < four["train_tokens_seen"] < whole["train_tokens_seen"]
     plain = run("plain", text_file, minilm_path, "--steps", "6")
     assert plain["sha256"] == whole["sha256"], "writing the intermediate models changed the run"
-    again = run("k", text_file, minilm_path, "--steps", "6", "--keep-every", "2", "--overwrite")
+    again = run("k", text_file, minilm_path, "--steps", "6", "--keep-at", "4,2", "--overwrite")
     assert again["sha256"] == whole["sha256"]
 
 
 def test_an_intermediate_folder_of_another_run_is_refused(minilm_path, text_file, weights, capsys):
-    run("k", text_file, minilm_path, "--steps", "4", "--keep-every", "2")
+    assert "before the last step" in refused(capsys, *args_of("k", text_file, minilm_path, "--steps", "4", "--keep-at",
+                                                              "2,4"))
+    assert "--keep-at" in refused(capsys, *args_of("k", text_file, minilm_path, "--keep-at", "2,x"))
+    run("k", text_file, minilm_path, "--steps", "4", "--keep-at", "2")
     (weights / "k").rename(weights / "k-final")
-    err = refused(capsys, *args_of("k", text_file, minilm_path, "--steps", "4", "--keep-every", "2", "--lr", "1e-4"))
+    err = refused(capsys, *args_of("k", text_file, minilm_path, "--steps", "4", "--keep-at", "2", "--lr", "1e-4"))
     assert "k-step2" in err and "--overwrite" in err
 
 
