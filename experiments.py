@@ -206,7 +206,7 @@ EXPERIMENTS = {
         WHITENING,  # the SG paper has no BERT-base whitening (the whitening paper's 69.21 is wmean: not comparable)
         SG_OPT,
         Variant("simcse", ["--loss", "simcse"], {"BERT-base": "76.25 (SimCSE)"}),
-    ], "For each model a pretraining keeps (pretrain.py --keep-every: weights/<name>-step<N>/) and the final ones, "
+    ], "For each model a pretraining keeps (pretrain.py --keep-at: weights/<name>-step<N>/) and the final ones, "
        "each with its own --out holding the model's pretraining record (weights/<name>/pretrain.json copied to "
        "<out>/pretrain/pretrain.json): `--variants cls mean whitening sg-opt --seeds 1 2`, then `--variants simcse "
        "--seeds 1` (a run of the same command that table1 or methods finished on that --out is copied, not run). "
