@@ -15,10 +15,14 @@ Cramming (Geiping and Goldstein 2022) and Izsak et al. (EMNLP 2021) where it doe
 - Masked LM: 15% of the tokens chosen (never [CLS], [SEP] or padding); of those 80% become [MASK], 10% a random
   token of the vocabulary, 10% stay. The loss is the cross-entropy at the chosen positions only, and the decoder runs
   on those rows alone (Cramming's sparse prediction: the 30,522-wide decoder is most of a small model's FLOPs).
-- No next-sentence prediction (NSP): the offline text is single sentences, not documents. BERT's [CLS] was trained
-  by NSP; here [CLS] gets gradient only through the attention of the masked positions, so expect its raw vector to
-  be an even poorer sentence embedding than BERT-base's (31.4 on STS): the paper's starting point, made sharper.
-- One sentence per sequence ([CLS] sentence [SEP]), as the STS tasks present them; batches of similar lengths.
+- No next-sentence prediction (NSP). BERT's [CLS] was trained by NSP; here [CLS] gets gradient only through the
+  attention of the masked positions, so expect its raw vector to be an even poorer sentence embedding than
+  BERT-base's (31.4 on STS): the paper's starting point, made sharper.
+- One sentence per sequence ([CLS] sentence [SEP]), as the STS tasks present them; or with --pack BERT's segments
+  (create_pretraining_data.py without NSP): whole consecutive sentences of one document (a text file's documents end
+  at its empty lines) up to --max-len tokens, 10% of them aimed shorter. Batches of similar lengths.
+- --precision bf16: autocast of the encoder and head (fp32 master weights, fp32 logits and loss); it pays only on a
+  CPU with bf16 matrix instructions (AVX512-BF16, AMX) or a GPU, and runs emulated and far slower elsewhere.
 - AdamW (betas 0.9 / 0.98, eps 1e-6, weight decay 0.01 off biases and LayerNorm), linear warm-up then linear decay
   to 0, gradient clipping at 1.0, dropout off while pretraining (Cramming); the written config carries BERT's 0.1,
   which is what fine-tuning (train.py) uses.
