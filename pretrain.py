@@ -392,20 +392,18 @@ def step_batch(run, idx, gen, items=None):
     return inputs.to(dev), mask.to(dev), rows.to(dev), labels.to(dev)
 
 
-def autocast(model):
-    """bf16 autocast of the encoder and head when the run asked for it (build() marks the model), else a no-op: the
-    master weights, the optimizer, the softmax and the loss stay fp32."""
-    return torch.autocast(next(model.parameters()).device.type, dtype=torch.bfloat16,
-                          enabled=getattr(model, "precision", "fp32") == "bf16")
+def precise_logits(model, head, inputs, mask, rows):
+    """mlm_logits in the run's precision (build() marks the model: bf16 autocast of the encoder and head, else none),
+    returned in fp32: the master weights, the optimizer, the softmax and the loss stay fp32."""
+    with torch.autocast(inputs.device.type, dtype=torch.bfloat16, enabled=getattr(model, "precision", "") == "bf16"):
+        return mlm_logits(model, head, inputs, mask, rows).float()
 
 
 def mlm_step(model, head, optimizer, tracked, batch, lr, clip):
     """One optimisation step on a masked batch (inputs, mask, chosen rows, labels): the MLM loss at the chosen
     positions, backward, clip, AdamW at lr. Returns the loss and the logits (detached: for the log's accuracy)."""
     inputs, mask, rows, labels = batch
-    with autocast(model):
-        logits = mlm_logits(model, head, inputs, mask, rows)
-    logits = logits.float()  # the softmax and the loss in fp32 whatever the precision
+    logits = precise_logits(model, head, inputs, mask, rows)
     loss = F.cross_entropy(logits, labels) if len(rows) else logits.sum() * 0
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
@@ -470,9 +468,7 @@ def score_held_out(run, model, head):
     with torch.inference_mode():
         for s in range(0, len(held), b):
             inputs, mask, rows, labels = step_batch(run, range(s, min(s + b, len(held))), g, held)
-            with autocast(model):
-                logits = mlm_logits(model, head, inputs, mask, rows)
-            logits = logits.float()
+            logits = precise_logits(model, head, inputs, mask, rows)
             loss += F.cross_entropy(logits, labels, reduction="sum").item()
             correct += int((logits.argmax(1) == labels).sum())
             n += len(rows)
@@ -648,7 +644,7 @@ def prepare(args):
     special = torch.tensor(sorted({tok.token_to_id(t) for t in ("[CLS]", "[SEP]", "[PAD]")}))
     run = {"args": args, "tokenizer": tok, "items": items, "special": special,
            "vocab_size": len(tok.get_vocab(with_added_tokens=True)), "mask_id": tok.token_to_id("[MASK]"),
-           "held": held, "state_file": checkpoint.WEIGHTS / f".{args.name}.pretrain-state.pt"}
+           "held": held, "state_file": state_path(args.name)}
     run["order"] = Order(list(range(len(items))), [len(t.ids) for t in items], args.batch_size, args.seed)
     joined = "".join(("\n\n" if args.pack and i and docs[i] != docs[i - 1] else "\n" if i else "") + s
                      for i, s in enumerate(sentences))  # with --pack, the documents are part of the text's identity
@@ -716,9 +712,13 @@ def main(argv=None):
         sys.exit(130)
 
 
+def state_path(name):
+    return checkpoint.WEIGHTS / f".{name}.pretrain-state.pt"
+
+
 def kept_state(args):
     """What an interrupted run leaves, read from the state file itself: its step and where, or that there is none."""
-    path = checkpoint.WEIGHTS / f".{args.name}.pretrain-state.pt"
+    path = state_path(args.name)
     if not path.is_file():
         return (f"no resume state was saved yet (the first is saved at step {args.save_every}): the same command "
                 "starts again from step 0")
