@@ -420,8 +420,13 @@ def train(run, model, head, optimizer, state, keep=None):
     intermediate folders)."""
     args, order = run["args"], run["order"]
     tracked = [p for g in optimizer.param_groups for p in g["params"]]
-    t0, tok, done0 = time.perf_counter(), 0, state["step"]
-    start = done0
+    t0, tok, done0 = time.perf_counter(), 0, state["step"]  # the progress line's rate, since its last line
+    start, clock = done0, t0  # state's tokens count every step and its seconds up to clock: a saved state is exact
+
+    def tick():  # the seconds since clock into state (before a save, a keep or a log line)
+        nonlocal clock
+        now = time.perf_counter()
+        state["seconds"], clock = state["seconds"] + now - clock, now
     loss_sum, correct, n_masked = torch.zeros(()), torch.zeros(()), 0
     for step in range(state["step"], args.steps):
         torch.manual_seed(args.seed * 1_000_003 + step)  # dropout's draws, when --dropout > 0
@@ -435,7 +440,7 @@ def train(run, model, head, optimizer, state, keep=None):
         loss_sum += loss * len(rows)
         correct += (logits.argmax(1) == labels).sum()
         n_masked, tok = n_masked + len(rows), tok + int(mask.sum())
-        state["step"] = step + 1
+        state["step"], state["tokens"] = step + 1, state["tokens"] + int(mask.sum())
         if step == start and state["step"] % args.log_every and state["step"] < args.steps:
             dt = time.perf_counter() - t0  # a first sign of life and an ETA, before the first log line's minutes
             print(f"step {state['step']}/{args.steps} | mlm loss {loss.item():.4f} | {tok / dt:,.0f} tok/s | "
@@ -448,15 +453,17 @@ def train(run, model, head, optimizer, state, keep=None):
             print(f"step {state['step']}/{args.steps} | mlm loss {shown(l)} | mlm acc {shown(a)} | "
                   f"lr {get_lr(step, args.steps, args.lr, args.warmup):.2e} | {tok / dt:,.0f} tok/s | "
                   f"ETA {eta / 60:.1f} min", flush=True)
-            state["tokens"] += tok
-            state["seconds"] += dt
+            tick()
             t0, tok, done0 = time.perf_counter(), 0, state["step"]
             loss_sum.zero_(), correct.zero_()
             n_masked = 0
         if state["step"] % args.save_every == 0 and state["step"] < args.steps:
+            tick()
             save_state(run["state_file"], model, head, optimizer, state)
         if keep and state["step"] in args.keep_at:
-            keep(state["step"], state["tokens"] + tok, state["seconds"] + time.perf_counter() - t0)
+            tick()
+            keep(state["step"], state["tokens"], state["seconds"])
+            clock = time.perf_counter()  # the intermediate folder's scoring and writing is not training time
 
 
 def score_held_out(run, model, head):
@@ -522,6 +529,7 @@ def load_state(path, model, head, optimizer, args, want):
         head.load_state_dict(blob["head"])
         optimizer.load_state_dict(blob["optimizer"])
         state = {k: blob[k] for k in ("args", "step", "history", "tokens", "seconds")}
+        state["parts"] = blob.get("parts", [])  # states before the record's parts: the parts from this resume on
     except Exception as e:
         die(f"{path}: cannot resume from it ({type(e).__name__}: {str(e)[:120]}); remove it or pass --fresh")
     print(f"resuming from step {state['step']} ({path})", flush=True)
@@ -740,7 +748,7 @@ def finish(run, text, model, head, state, git, dest, extra=None):
                        "save_every": args.save_every, "keep_at": args.keep_at},
               "text": text, "held_out": held, "history": state["history"], "train_tokens_seen": state["tokens"],
               "train_seconds": round(state["seconds"], 1), "torch": torch.__version__, "git": git,
-              "cpu": cli.cpu_kind() if args.device == "cpu" else None,
+              "cpu": cli.cpu_kind() if args.device == "cpu" else None, "parts": run_parts(state),
               "no_nsp": "no next-sentence prediction: [CLS] is trained only through the masked tokens' attention",
               **(extra or {})}
     try:
@@ -768,10 +776,11 @@ def pretrain(args, dest):
           f"({text['held_out_sentences']} held out), {seqs} | {args.steps} steps of {args.batch_size} "
           f"({args.steps / run['order'].per_epoch:.1f} epochs) | lr {args.lr}", flush=True)
     cli.warn_slow_bf16(args.precision, args.device)
-    state = {"args": identity(args, text), "step": 0, "history": [], "tokens": 0, "seconds": 0.0}
+    state = {"args": identity(args, text), "step": 0, "history": [], "tokens": 0, "seconds": 0.0, "parts": []}
     if run["state_file"].exists() and not args.fresh:
         state = load_state(run["state_file"], model, head, optimizer, args, state["args"])
     check_intermediate(args, state)
+    start_part(state, args)
 
     def keep(step, tokens, seconds):  # an intermediate model: the final folder's form, named <name>-step<step>
         finish(run, text, model, head, {**state, "tokens": tokens, "seconds": seconds}, git,
@@ -782,6 +791,37 @@ def pretrain(args, dest):
     record = finish(run, text, model, head, state, git, dest)
     run["state_file"].unlink(missing_ok=True)
     return record
+
+
+def machine(args):
+    """What a part of a run ran on: float sums differ between CPU kinds (and torch versions), so a run is
+    bit-reproducible on one machine kind, and a run resumed elsewhere says which steps ran where."""
+    return {"device": args.device, "cpu": cli.cpu_kind() if args.device == "cpu" else None, "torch": torch.__version__}
+
+
+def start_part(state, args):
+    """A part of the run begins here (a fresh start or a resume, e.g. in a later session on another machine); its
+    steps, seconds and tokens are the difference to the next part's start (or the end), and a part lost with an
+    interruption after the last saved state is not kept (its steps are run again by the next part)."""
+    here = {"from_step": state["step"], "tokens_before": state["tokens"], "seconds_before": state["seconds"],
+            **machine(args)}
+    last = state["parts"][-1] if state["parts"] else None
+    if last and {k: last[k] for k in ("device", "cpu", "torch")} != machine(args):
+        was = lambda m: (m["cpu"] or {}).get("capability", m["device"])  # noqa: E731
+        print(f"note: resuming on another machine than step {last['from_step']}'s ({last['device']} "
+              f"{was(last)}, torch {last['torch']}; now {args.device} {was(here)}, torch {torch.__version__}): the steps "
+              "from here are this machine's float sums, not bit-identical to a run that stayed there; the record's "
+              "parts say which steps ran where", flush=True)
+    state["parts"].append(here)
+
+
+def run_parts(state):
+    """The record's parts of the run: [from, to) steps, the machine, seconds and tokens of each."""
+    ends = [*state.get("parts", [])[1:], {"from_step": state["step"], "tokens_before": state["tokens"],
+                                          "seconds_before": state["seconds"]}]
+    return [{"steps": [p["from_step"], e["from_step"]], "device": p["device"], "cpu": p["cpu"], "torch": p["torch"],
+             "seconds": round(e["seconds_before"] - p["seconds_before"], 1),
+             "tokens": e["tokens_before"] - p["tokens_before"]} for p, e in zip(state.get("parts", []), ends)]
 
 
 def intermediate(args, step):

@@ -117,6 +117,46 @@ def test_killed_run_resumes_bit_identical(minilm_path, text_file, weights, monke
     again = run("cut", text_file, minilm_path, *steps)
     assert again["sha256"] == whole["sha256"]
     assert not (weights / ".cut.pretrain-state.pt").exists(), "the resume state outlived the finished run"
+    assert again["train_tokens_seen"] == whole["train_tokens_seen"] == sum(step_tokens(text_file, minilm_path, 7, mode))
+    assert [p["steps"] for p in whole["parts"]] == [[0, 7]] and [p["steps"] for p in again["parts"]] == [[0, 6], [6, 7]]
+    assert again["parts"][0]["tokens"] == sum(step_tokens(text_file, minilm_path, 6, mode))
+
+
+def step_tokens(text_file, minilm_path, n, mode):
+    """The real tokens of the first n steps' batches, read from the data order itself (the oracle of a part's count)."""
+    args = pretrain.get_args(["--text", str(text_file), "--tokenizer", str(minilm_path), *SMALL, *mode])
+    args.device = "cpu"
+    run_, _ = pretrain.prepare(args)
+    return [int(pretrain.step_batch(run_, run_["order"].batch(s), run_["order"].generator(s))[1].sum())
+            for s in range(n)]
+
+
+def test_a_run_resumed_on_another_machine_says_so_and_records_where_each_part_ran(minilm_path, text_file, weights,
+                                                                                  monkeypatch, capsys):
+    steps = ["--steps", "5", "--save-every", "2", "--log-every", "3"]  # the state of step 2 is between log lines
+    monkeypatch.setattr(pretrain.cli, "cpu_kind", lambda: {"model": "AMD EPYC", "capability": "AVX2",
+                                                           "bf16_unit": False})
+    real, calls = pretrain.mlm_logits, []
+
+    def killed_at_step_3(*a, **k):
+        calls.append(1)
+        if len(calls) == 3:
+            raise SystemExit("killed")
+        return real(*a, **k)
+    monkeypatch.setattr(pretrain, "mlm_logits", killed_at_step_3)
+    with pytest.raises(SystemExit):
+        run("m", text_file, minilm_path, *steps)
+    monkeypatch.setattr(pretrain, "mlm_logits", real)
+    monkeypatch.setattr(pretrain.cli, "cpu_kind", lambda: {"model": "Intel Xeon", "capability": "AVX512",
+                                                           "bf16_unit": True})
+    capsys.readouterr()
+    record = run("m", text_file, minilm_path, *steps)
+    out = capsys.readouterr().out
+    assert "resuming on another machine than step 0's (cpu AVX2" in out and "now cpu AVX512" in out
+    assert [(p["steps"], p["cpu"]["capability"]) for p in record["parts"]] == [([0, 2], "AVX2"), ([2, 5], "AVX512")]
+    assert sum(p["tokens"] for p in record["parts"]) == record["train_tokens_seen"] == sum(
+        step_tokens(text_file, minilm_path, 5, ["--log-every", "3"]))
+    assert all(p["seconds"] >= 0 for p in record["parts"])
 
 
 def test_refusals_are_one_line(minilm_path, text_file, weights, capsys):
