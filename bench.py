@@ -387,9 +387,10 @@ def make_step_run(impl, path, data_dir=None, batch_size=16, steps=1, device="cpu
             run = train.build_run(cfg, bert.Bert.from_pretrained(path), bert.load_tokenizer(path), ["a", "b"], None, device)
 
         def run_steps():
-            for _ in range(steps):
-                x = next(batches)
-                loss, reg, _, _ = train.train_step(run, next(counter), x, x)
+            with bert.bf16_products(cfg.precision, device.type):  # as train.py holds it: bf16 without a bf16 unit
+                for _ in range(steps):
+                    x = next(batches)
+                    loss, reg, _, _ = train.train_step(run, next(counter), x, x)
             return loss, reg.detach()
         run_steps.run = run  # for the per-phase breakdown (phase_times)
         return run_steps
@@ -507,8 +508,8 @@ def bench_precision(results, args):
     """The machine's kind first (cli.cpu_kind: the CPU's name, torch's capability, whether it has a bf16 matrix
     unit), then side by side in one run: train.py's SG-OPT step in bf16 autocast vs fp32, each against the fp32
     reference step; and encoding (bert.encode, evaluate.py --precision) in sentences/s, bf16 vs fp32, with how far
-    bf16 moved the cosines. Without a bf16 unit bf16 is emulated, several times slower: 3 repeats and 64 sentences
-    keep the section short there (targets on a CPU with one: bf16 step and bf16 encoding >= 2x fp32's)."""
+    bf16 moved the cosines. Without a bf16 unit, bf16's products are emulated in fp32 (bert.Bf16Products, as train.py
+    and bert.encode run them there). Targets on a CPU with a unit: bf16 step and bf16 encoding >= 2x fp32's."""
     path, data_dir, why = step_setting(args)
     if why:
         return skip(results, "precision", why)
@@ -517,12 +518,12 @@ def bench_precision(results, args):
                                                         "capability": "cuda", "bf16_unit": True}
     unit = kind["bf16_unit"]
     print(f"  {kind['model']} | capability {kind['capability']} | bf16 matrix unit: "
-          f"{'yes' if unit else 'no (bf16 is emulated here)'} | {torch.get_num_threads()} threads")
+          f"{'yes' if unit else 'no (bf16 products emulated in fp32 here)'} | {torch.get_num_threads()} threads")
     kw = dict(path=path, data_dir=data_dir, batch_size=16, device=str(device))
     runs = {"fp32": make_step_run("sgbert", precision="fp32", **kw),
             "bf16": make_step_run("sgbert", precision="bf16", **kw),
             "reference fp32": make_step_run("reference", precision="fp32", **kw)}
-    repeats = args.repeats if unit else min(args.repeats, 3)
+    repeats = args.repeats
     ms = {k: 1e3 * s for k, s in time_alternating(runs, repeats=repeats, sync=cuda_sync(device)).items()}
     rates = {p: gemm_rate(device, p) for p in ("fp32", "bf16")}
     print(f"  SG-OPT step, batch 16, all-MiniLM-L6-v2, {device}, median of {repeats}: fp32 {ms['fp32']:.1f} ms   bf16 "
@@ -530,7 +531,7 @@ def bench_precision(results, args):
           f"({ms['reference fp32']:.1f} ms): fp32 x{ms['reference fp32'] / ms['fp32']:.2f}, bf16 "
           f"x{ms['reference fp32'] / ms['bf16']:.2f}")
     print(f"  this machine's GEMM rate (torch.matmul): fp32 {rates['fp32']:.0f} GFLOP/s, bf16 {rates['bf16']:.0f} GFLOP/s")
-    enc = encoding_rates(path, data_dir, device, n=512 if unit else 64, repeats=repeats)
+    enc = encoding_rates(path, data_dir, device, n=512, repeats=repeats)
     print(f"  encoding {enc['sentences']} {enc['source']} (bert.encode, [CLS], batches of 64), median of {repeats}: "
           f"fp32 {enc['per_s']['fp32']:.0f} sentences/s   bf16 {enc['per_s']['bf16']:.0f} sentences/s   bf16 speed-up "
           f"{verdict(enc['speedup'], 2)}; bf16's cosines within {enc['max_cos_diff']:.1e} of fp32's")
@@ -1096,11 +1097,10 @@ def bench_mlm_precision(results, args):
     sentences = run["items"]
     packed = [t for t in pretrain.pack(sentences, [i // 20 for i in range(len(sentences))], list(range(len(sentences))),
                                        128, 1) if len(t.ids) >= 112]  # full segments: the shape a packed step has
-    slow = not kind["bf16_unit"]  # emulated bf16 runs several times slower than fp32 there: keep every pass short
-    n_batches, per_batch = (1, 32) if slow else (8, 128)
+    n_batches, per_batch = 8, 128
     out = {"cpu": kind, "modes": {}}
     print(f"  {kind['model']} | capability {kind['capability']} | bf16 matrix unit: "
-          f"{'yes' if kind['bf16_unit'] else 'no (bf16 is emulated here)'} | {torch.get_num_threads()} threads")
+          f"{'yes' if kind['bf16_unit'] else 'no (bf16 products emulated in fp32 here)'} | {torch.get_num_threads()} threads")
     for mode, items in (("sentences", sentences), ("packed", packed)):
         run["items"] = items
         order = pretrain.Order(list(range(len(items))), [len(t.ids) for t in items], per_batch, 1)
@@ -1111,18 +1111,16 @@ def bench_mlm_precision(results, args):
             pargs = pretrain.get_args([*common, "--precision", precision])
             model, head, opt = pretrain.build(pargs, run["vocab_size"])
             tracked = [p for g in opt.param_groups for p in g["params"]]
-            fns[precision] = (lambda m=model, h=head, o=opt, t=tracked:
-                              [pretrain.mlm_step(m, h, o, t, b, 1e-4, 1.0) for b in batches])
-        secs = time_alternating(fns, repeats=1 if slow else args.repeats, sync=cuda_sync(device))
+            fns[precision] = (lambda m=model, h=head, o=opt, t=tracked, p=precision:
+                              steps_in(p, device, lambda: [pretrain.mlm_step(m, h, o, t, b, 1e-4, 1.0) for b in batches]))
+        secs = time_alternating(fns, repeats=args.repeats, sync=cuda_sync(device))
         tps = {k: tokens / s for k, s in secs.items()}
         out["modes"][mode] = dict(tokens_per_step=tokens / n_batches, tokens_per_s=tps, bf16_speedup=tps["bf16"] /
                                   tps["fp32"], batches=n_batches, sequences_per_step=per_batch)
         print(f"  {mode:9s} {per_batch} a step ({tokens / n_batches:,.0f} tokens): fp32 {tps['fp32']:,.0f} tok/s   bf16 "
               f"{tps['bf16']:,.0f} tok/s   bf16 speed-up {verdict(tps['bf16'] / tps['fp32'], 2.0)}")
     run["items"] = sentences
-    if slow:
-        run["held"] = run["held"][:256]  # the held-out score in emulated bf16 is minutes a few hundred sentences
-    out["agreement"] = mlm_agreement(pretrain, run, common, *((20, 16) if slow else (100, 64)))
+    out["agreement"] = mlm_agreement(pretrain, run, common, 100, 64, device)
     a = out["agreement"]
     print(f"  after {a['steps']} steps of {a['batch']} sentences from one init: held-out mlm loss fp32 "
           f"{a['fp32']['mlm_loss']:.4f} bf16 {a['bf16']['mlm_loss']:.4f} (diff {a['loss_diff']:.4f}), acc fp32 "
@@ -1131,7 +1129,13 @@ def bench_mlm_precision(results, args):
     results["mlm-precision"] = out
 
 
-def mlm_agreement(pretrain, run, common, steps, batch=32):
+def steps_in(precision, device, fn):
+    """fn() as pretrain.py runs its steps: bf16 on a CPU without a bf16 unit with its products emulated."""
+    with bert.bf16_products(precision, torch.device(device).type):
+        return fn()
+
+
+def mlm_agreement(pretrain, run, common, steps, batch=32, device="cpu"):
     """The held-out MLM score after `steps` steps in fp32 and in bf16 from the same init on the same batches."""
     order = pretrain.Order(list(range(len(run["items"]))), [len(t.ids) for t in run["items"]], batch, 1)
     out = {"steps": steps, "batch": batch}
@@ -1140,10 +1144,13 @@ def mlm_agreement(pretrain, run, common, steps, batch=32):
         run["args"] = pargs
         model, head, opt = pretrain.build(pargs, run["vocab_size"])
         tracked, losses = [p for g in opt.param_groups for p in g["params"]], []
-        for step in range(steps):
-            b = pretrain.step_batch(run, order.batch(step), order.generator(step))
-            losses.append(pretrain.mlm_step(model, head, opt, tracked, b, 1e-3, 1.0)[0].item())
-        out[precision] = {**pretrain.score_held_out(run, model, head), "train_losses": losses}
+
+        def train_and_score():
+            for step in range(steps):
+                b = pretrain.step_batch(run, order.batch(step), order.generator(step))
+                losses.append(pretrain.mlm_step(model, head, opt, tracked, b, 1e-3, 1.0)[0].item())
+            return pretrain.score_held_out(run, model, head)
+        out[precision] = {**steps_in(precision, device, train_and_score), "train_losses": losses}
     out["loss_diff"] = abs(out["fp32"]["mlm_loss"] - out["bf16"]["mlm_loss"])
     out["max_train_loss_diff"] = max(abs(x - y) for x, y in zip(out["fp32"]["train_losses"],
                                                                out["bf16"]["train_losses"]))

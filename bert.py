@@ -9,6 +9,7 @@ Attribute names match HF keys, so a BertModel checkpoint loads 1:1.
 
 Shape legend: B = batch size, T = sequence length, H = hidden size, nh = attention heads, hs = H // nh.
 """
+import contextlib
 import json
 from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
@@ -17,8 +18,10 @@ import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import checkpoint
+import cli
 from checkpoint import LoadError
 
 # -----------------------------------------------------------------------------
@@ -400,6 +403,29 @@ POOLINGS = ("cls", "mean", "max", "first-last", "last2")
 
 
 PRECISIONS = ("fp32", "bf16")
+MATRIX_PRODUCTS = {torch.ops.aten.mm.default, torch.ops.aten.bmm.default, torch.ops.aten.addmm.default,
+                   torch.ops.aten.baddbmm.default, torch.ops.aten.addbmm.default}
+
+
+class Bf16Products(TorchDispatchMode):
+    """bf16 matrix products as a bf16 unit computes them, on a CPU that has none: the bf16 operands widened to fp32
+    (exactly), one fp32 GEMM (the sums in fp32, as the unit's), the result rounded to bf16. torch's own bf16 GEMM on
+    such a CPU gives the same numbers up to the order of the fp32 sums (tests/test_bert.py), 5-50x slower: this keeps
+    bf16 runs at about fp32's speed there. Below autograd, so the backward's products are caught too; every other op
+    (autocast's casts, bf16 elementwise ops) runs as torch runs it."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func in MATRIX_PRODUCTS and any(isinstance(a, torch.Tensor) and a.dtype == torch.bfloat16 for a in args):
+            wide = [a.float() if isinstance(a, torch.Tensor) and a.dtype == torch.bfloat16 else a for a in args]
+            return func(*wide, **(kwargs or {})).to(torch.bfloat16)
+        return func(*args, **(kwargs or {}))
+
+
+def bf16_products(precision, device_type):
+    """The context a --precision run holds around its forward and backward passes: Bf16Products for bf16 on a CPU
+    without bf16 matrix instructions (cli.cpu_kind), else nothing (fp32; a bf16 unit or a GPU runs torch's own)."""
+    emulate = precision == "bf16" and device_type == "cpu" and not cli.cpu_kind()["bf16_unit"]
+    return Bf16Products() if emulate else contextlib.nullcontext()
 
 
 def encode(model, tokenizer, sentences, pooling="cls", layer=-1, batch_size=64, dropout=False, progress=None,
@@ -410,7 +436,8 @@ def encode(model, tokenizer, sentences, pooling="cls", layer=-1, batch_size=64, 
     (BERT-flow's code fits its flow on vectors made so). progress(done, total): called after each batch.
     precision: fp32 (the exact numbers), or bf16: the matrix products in bfloat16 (autocast; the embeddings, the
     residual stream, LayerNorm, the pooling and the vectors stay fp32), faster only on a CPU with bf16 matrix
-    instructions (AVX512-BF16, AMX) or a GPU, and several times slower on one without (cli.cpu_kind)."""
+    instructions (AVX512-BF16, AMX) or a GPU; on a CPU without, its products are emulated at about fp32's speed
+    (Bf16Products)."""
     return encode_many(model, tokenizer, sentences, [(pooling, layer)], batch_size, dropout, progress,
                        precision=precision)[pooling, layer]
 
@@ -431,7 +458,7 @@ def encode_many(model, tokenizer, sentences, specs, batch_size=64, dropout=False
     # bf16: one autocast region over all the batches, so that each weight is cast once, not once a batch; (!!)
     # autocast keeps no cast weights under inference_mode, hence no_grad there
     bf16 = precision == "bf16"
-    with torch.no_grad() if bf16 else torch.inference_mode(), \
+    with torch.no_grad() if bf16 else torch.inference_mode(), bf16_products(precision, device.type), \
             torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
         for s in range(0, len(order), batch_size):
             idx = order[s:s + batch_size]

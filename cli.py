@@ -109,10 +109,11 @@ def cpu_kind():
 
 
 def warn_slow_bf16(precision, device):
-    """One line on stderr when bf16 is asked for on a CPU without a bf16 unit (it runs, but emulated and slow)."""
+    """One line on stderr when bf16 is asked for on a CPU without a bf16 unit (its products are emulated there:
+    bert.Bf16Products, a bf16 unit's numbers at about fp32's speed, never faster)."""
     if precision == "bf16" and device == "cpu":
         kind = cpu_kind()
         if not kind["bf16_unit"]:
             print(f"note: --precision bf16 on a CPU without bf16 matrix instructions ({kind['model']}, "
-                  f"{kind['capability']}): bf16 is emulated here and runs several times slower than fp32; "
-                  "use --precision fp32 on this machine", file=sys.stderr)
+                  f"{kind['capability']}): its matrix products are emulated in fp32 (a bf16 unit's numbers, "
+                  "at about fp32's speed, not faster); bf16 pays only on a CPU with AVX512-BF16 or AMX, or a GPU", file=sys.stderr)

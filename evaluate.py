@@ -88,7 +88,8 @@ def get_args(argv=None):
     a("--device", default="auto", choices=["auto", "cpu", "cuda"], help="default: cuda if present")
     a("--precision", default="fp32", choices=["fp32", "bf16"], help="fp32 (default: the exact numbers), or bf16: the "
       "encoder's matrix products in bfloat16 (autocast; the pooling and the cosines stay fp32), faster only on a CPU "
-      "with bf16 matrix instructions (AVX512-BF16, AMX) or a GPU, several times slower on a CPU without")
+      "with bf16 matrix instructions (AVX512-BF16, AMX) or a GPU; on a CPU without, the same numbers at about fp32's "
+      "speed (bf16 products emulated in fp32)")
     a("--json", help="also write the results to this JSON file")
     a("--layerwise", action="store_true", help="STS-B test Spearman per layer x cls/mean/max")
     a("--plot", help="with --layerwise: draw it to this .png (needs matplotlib)")

@@ -22,7 +22,8 @@ Cramming (Geiping and Goldstein 2022) and Izsak et al. (EMNLP 2021) where it doe
   (create_pretraining_data.py without NSP): whole consecutive sentences of one document (a text file's documents end
   at its empty lines) up to --max-len tokens, 10% of them aimed shorter. Batches of similar lengths.
 - --precision bf16: autocast of the encoder and head (fp32 master weights, fp32 logits and loss); it pays only on a
-  CPU with bf16 matrix instructions (AVX512-BF16, AMX) or a GPU, and runs emulated and far slower elsewhere.
+  CPU with bf16 matrix instructions (AVX512-BF16, AMX) or a GPU; elsewhere its products are emulated in fp32
+  (bert.Bf16Products: the same numbers at about fp32's speed).
 - AdamW (betas 0.9 / 0.98, eps 1e-6, weight decay 0.01 off biases and LayerNorm), linear warm-up then linear decay
   to 0, gradient clipping at 1.0, dropout off while pretraining (Cramming); the written config carries BERT's 0.1,
   which is what fine-tuning (train.py) uses.
@@ -107,7 +108,7 @@ def get_args(argv=None):
       "folder's sentences, which have no documents, stay one a segment (default: one sentence a sequence)")
     a("--precision", choices=["fp32", "bf16"], default="fp32", help="fp32 (default: the recorded sha256s), or bf16: "
       "autocast of the encoder and head, fp32 master weights, loss and softmax; fast only on a CPU with bf16 matrix "
-      "instructions (AVX512-BF16, AMX) or a GPU")
+      "instructions (AVX512-BF16, AMX) or a GPU (emulated at about fp32's speed on a CPU without)")
     a("--keep-at", type=steps_list, default=[], help="also write the model as it is after these steps (comma-separated, "
       "e.g. 750,1500,3000: doubling steps suit a log-scale curve): weights/<name>-step<N>/, each with its own record "
       "(held-out MLM score, tokens seen) and sha256: pretraining's intermediate models")
@@ -787,8 +788,9 @@ def pretrain(args, dest):
                intermediate(args, step), {"intermediate": {"of": args.name, "step": step, "steps": args.steps}})
         model.train(), head.train()
 
-    train(run, model, head, optimizer, state, keep)
-    record = finish(run, text, model, head, state, git, dest)
+    with bert.bf16_products(args.precision, args.device):  # bf16 on a CPU without a bf16 unit: emulated, fast
+        train(run, model, head, optimizer, state, keep)
+        record = finish(run, text, model, head, state, git, dest)
     run["state_file"].unlink(missing_ok=True)
     return record
 

@@ -98,8 +98,8 @@ def add_run_flags(a):
     a("--device", default="auto", choices=["auto", "cpu", "cuda"], help="auto (default): cuda when available")
     a("--precision", choices=["fp32", "bf16"], default="fp32", help="fp32 (default, on every device: the official "
       "code's precision), or bf16: an opt-in autocast of the encoders and the head (the similarity, softmax, loss and "
-      "regulariser stay fp32); faster only with bf16 matrix instructions (a CPU with AVX512-BF16 or AMX, a GPU), "
-      "several times slower on a CPU without")
+      "regulariser stay fp32); faster only with bf16 matrix instructions (a CPU with AVX512-BF16 or AMX, a GPU); "
+      "on a CPU without, the same numbers at about fp32's speed (bf16 products emulated in fp32)")
     a("--log-every", type=at_least(1), default=10, help="one log line every N steps (default: %(default)s)")
     a("--overfit-batch", action="store_true", help="sanity check: train on the first batch over and over (loss must fall)")
     a("--eval-batch-size", type=at_least(1), default=128, help="batch size of the dev-set encoding (default: %(default)s)")
@@ -631,6 +631,7 @@ def main(argv=None):
         return final_report(cfg, model.to(device), tokenizer, data_dir, None, device)
     run = setup(cfg, device, rank, world)
     with contextlib.ExitStack() as held:
+        held.enter_context(bert.bf16_products(cfg.precision, device.type))  # bf16 without a bf16 unit: emulated, fast
         keeper = None
         if rank == 0:  # only rank 0 writes --out
             try:

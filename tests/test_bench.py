@@ -47,8 +47,9 @@ def test_step_flops_and_bf16_step(tiny_folder):
 
 def test_precision_section_names_the_cpu_kind_and_times_both_precisions(tiny_folder, monkeypatch, capsys):
     """bench.py precision (issue 52): the CPU's kind printed and recorded first (here one said to have no bf16 unit:
-    the short version, 64 sentences), then the step and the encoding in fp32 and bf16 side by side, and how far
-    bf16 moved the cosines (bert.encode's own oracle is tests/test_bert.py's). No timing is checked."""
+    its bf16 products emulated in fp32, as train.py and bert.encode run them there), then the step and the encoding
+    in fp32 and bf16 side by side, and how far bf16 moved the cosines (bert.encode's own oracle is
+    tests/test_bert.py's). No timing is checked."""
     pytest.importorskip("transformers", reason="the reference step is built from transformers.BertModel")
     kind = {"model": "AMD EPYC 7B12", "capability": "AVX2", "bf16_unit": False}
     monkeypatch.setattr(bench.cli, "cpu_kind", lambda: kind)
@@ -58,18 +59,20 @@ def test_precision_section_names_the_cpu_kind_and_times_both_precisions(tiny_fol
     def no_data(*a, **k):
         raise bench.data.DataError("no data folder")
     monkeypatch.setattr(bench.data, "resolve_data_dir", no_data)
-    real_step = bench.make_step_run  # a small head and GEMM probe: seconds, not minutes, of emulated bf16
+    held, real_products = [], bench.bert.bf16_products
+    monkeypatch.setattr(bench.bert, "bf16_products", lambda *a: held.append(a) or real_products(*a))
+    real_step = bench.make_step_run  # a small head and GEMM probe: seconds
     monkeypatch.setattr(bench, "make_step_run", lambda *a, **kw: real_step(*a, **{**kw, "proj_size": 16}))
     monkeypatch.setattr(bench, "gemm_rate", lambda device, precision: 1.0)
     results = {}
-    bench.bench_precision(results, bench.argparse.Namespace(data_dir=None, device="cpu", repeats=7))
+    bench.bench_precision(results, bench.argparse.Namespace(data_dir=None, device="cpu", repeats=2))
     row, out = results["precision"], capsys.readouterr().out
-    assert out.splitlines()[0] == "  AMD EPYC 7B12 | capability AVX2 | bf16 matrix unit: no (bf16 is emulated here) | " \
+    assert out.splitlines()[0] == "  AMD EPYC 7B12 | capability AVX2 | bf16 matrix unit: no (bf16 products emulated in fp32 here) | " \
                                   f"{torch.get_num_threads()} threads"
-    assert row["cpu"] == kind and row["repeats"] == 3  # no bf16 unit: the short version
+    assert row["cpu"] == kind and row["repeats"] == 2 and ("bf16", "cpu") in held and ("fp32", "cpu") in held
     assert set(row["ms"]) == {"fp32", "bf16", "reference fp32"} and all(v > 0 for v in row["ms"].values())
     enc = row["encoding"]
-    assert enc["sentences"] == 64 and enc["source"].startswith("synthetic") and set(enc["per_s"]) == {"fp32", "bf16"}
+    assert enc["sentences"] == 512 and enc["source"].startswith("synthetic") and set(enc["per_s"]) == {"fp32", "bf16"}
     assert enc["speedup"] == pytest.approx(enc["per_s"]["bf16"] / enc["per_s"]["fp32"])
     assert 0 < enc["max_cos_diff"] < 2 ** -6  # bf16 moved them, by less than 4 bf16 units
     assert "sentences/s" in out and "bf16 speed-up" in out
