@@ -1100,7 +1100,8 @@ def bench_mlm_precision(results, args):
     n_batches, per_batch = 8, 128
     out = {"cpu": kind, "modes": {}}
     print(f"  {kind['model']} | capability {kind['capability']} | bf16 matrix unit: "
-          f"{'yes' if kind['bf16_unit'] else 'no (bf16 products emulated in fp32 here)'} | {torch.get_num_threads()} threads")
+          f"{'yes' if kind['bf16_unit'] else 'no (bf16 products emulated in fp32 here)'} | "
+          f"{torch.get_num_threads()} threads")
     for mode, items in (("sentences", sentences), ("packed", packed)):
         run["items"] = items
         order = pretrain.Order(list(range(len(items))), [len(t.ids) for t in items], per_batch, 1)
@@ -1111,8 +1112,8 @@ def bench_mlm_precision(results, args):
             pargs = pretrain.get_args([*common, "--precision", precision])
             model, head, opt = pretrain.build(pargs, run["vocab_size"])
             tracked = [p for g in opt.param_groups for p in g["params"]]
-            fns[precision] = (lambda m=model, h=head, o=opt, t=tracked, p=precision:
-                              steps_in(p, device, lambda: [pretrain.mlm_step(m, h, o, t, b, 1e-4, 1.0) for b in batches]))
+            fns[precision] = (lambda m=model, h=head, o=opt, t=tracked, p=precision: steps_in(
+                p, device, lambda: [pretrain.mlm_step(m, h, o, t, b, 1e-4, 1.0) for b in batches]))
         secs = time_alternating(fns, repeats=args.repeats, sync=cuda_sync(device))
         tps = {k: tokens / s for k, s in secs.items()}
         out["modes"][mode] = dict(tokens_per_step=tokens / n_batches, tokens_per_s=tps, bf16_speedup=tps["bf16"] /

@@ -116,4 +116,5 @@ def warn_slow_bf16(precision, device):
         if not kind["bf16_unit"]:
             print(f"note: --precision bf16 on a CPU without bf16 matrix instructions ({kind['model']}, "
                   f"{kind['capability']}): its matrix products are emulated in fp32 (a bf16 unit's numbers, "
-                  "at about fp32's speed, not faster); bf16 pays only on a CPU with AVX512-BF16 or AMX, or a GPU", file=sys.stderr)
+                  "at about fp32's speed, not faster); bf16 pays only on a CPU with AVX512-BF16 or AMX, or a GPU",
+                  file=sys.stderr)
