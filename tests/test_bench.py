@@ -67,8 +67,8 @@ def test_precision_section_names_the_cpu_kind_and_times_both_precisions(tiny_fol
     results = {}
     bench.bench_precision(results, bench.argparse.Namespace(data_dir=None, device="cpu", repeats=2))
     row, out = results["precision"], capsys.readouterr().out
-    assert out.splitlines()[0] == "  AMD EPYC 7B12 | capability AVX2 | bf16 matrix unit: no (bf16 products emulated in " \
-                                  "fp32 here) | " \
+    assert out.splitlines()[0] == "  AMD EPYC 7B12 | capability AVX2 | bf16 matrix unit: no (bf16 products " \
+                                  "emulated in fp32 here) | " \
                                   f"{torch.get_num_threads()} threads"
     assert row["cpu"] == kind and row["repeats"] == 2 and ("bf16", "cpu") in held and ("fp32", "cpu") in held
     assert set(row["ms"]) == {"fp32", "bf16", "reference fp32"} and all(v > 0 for v in row["ms"].values())
