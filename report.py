@@ -535,6 +535,7 @@ def plot_curve(exp, models, path):
             ax.axhline(ref, color=color, linestyle="--", linewidth=1, alpha=0.7,
                        label=f"{label}, BERT-base ({whose} paper)")
     ax.set_xscale("log")
+    ax.xaxis.set_minor_formatter(plt.NullFormatter())  # the decades only: minor labels overlap on a short range
     ax.set_xlabel("tokens seen in pretraining (log scale)")
     ax.set_ylabel("7 STS tasks, average Spearman x100 (all)")
     ax.set_title("The paper's effect as a function of pretraining", fontsize=10)
