@@ -414,8 +414,13 @@ class Bf16Products(TorchDispatchMode):
     bf16 runs at about fp32's speed there. Below autograd, so the backward's products are caught too; every other op
     (autocast's casts, bf16 elementwise ops) runs as torch runs it."""
 
+    @staticmethod
+    def catches(func, args):
+        """Whether this op is a matrix product with a bf16 operand (the ops the mode widens)."""
+        return func in MATRIX_PRODUCTS and any(isinstance(a, torch.Tensor) and a.dtype == torch.bfloat16 for a in args)
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func in MATRIX_PRODUCTS and any(isinstance(a, torch.Tensor) and a.dtype == torch.bfloat16 for a in args):
+        if self.catches(func, args):
             wide = [a.float() if isinstance(a, torch.Tensor) and a.dtype == torch.bfloat16 else a for a in args]
             return func(*wide, **(kwargs or {})).to(torch.bfloat16)
         return func(*args, **(kwargs or {}))

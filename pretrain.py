@@ -440,8 +440,9 @@ def train(run, model, head, optimizer, state, keep=None):
                 "any, is from before it)", code=1)
         loss_sum += loss * len(rows)
         correct += (logits.argmax(1) == labels).sum()
-        n_masked, tok = n_masked + len(rows), tok + int(mask.sum())
-        state["step"], state["tokens"] = step + 1, state["tokens"] + int(mask.sum())
+        real = int(mask.sum())
+        n_masked, tok = n_masked + len(rows), tok + real
+        state["step"], state["tokens"] = step + 1, state["tokens"] + real
         if step == start and state["step"] % args.log_every and state["step"] < args.steps:
             dt = time.perf_counter() - t0  # a first sign of life and an ETA, before the first log line's minutes
             print(f"step {state['step']}/{args.steps} | mlm loss {loss.item():.4f} | {tok / dt:,.0f} tok/s | "
@@ -805,10 +806,10 @@ def start_part(state, args):
     """A part of the run begins here (a fresh start or a resume, e.g. in a later session on another machine); its
     steps, seconds and tokens are the difference to the next part's start (or the end), and a part lost with an
     interruption after the last saved state is not kept (its steps are run again by the next part)."""
-    here = {"from_step": state["step"], "tokens_before": state["tokens"], "seconds_before": state["seconds"],
-            **machine(args)}
+    now = machine(args)
+    here = {"from_step": state["step"], "tokens_before": state["tokens"], "seconds_before": state["seconds"], **now}
     last = state["parts"][-1] if state["parts"] else None
-    if last and {k: last[k] for k in ("device", "cpu", "torch")} != machine(args):
+    if last and {k: last[k] for k in now} != now:
         was = lambda m: (m["cpu"] or {}).get("capability", m["device"])  # noqa: E731
         print(f"note: resuming on another machine than step {last['from_step']}'s ({last['device']} "
               f"{was(last)}, torch {last['torch']}; now {args.device} {was(here)}, torch {torch.__version__}): the steps "

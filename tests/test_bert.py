@@ -426,8 +426,7 @@ class CountingProducts(bert.Bf16Products):
         self.caught = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.caught += func in bert.MATRIX_PRODUCTS and any(isinstance(a, torch.Tensor) and a.dtype == torch.bfloat16
-                                                           for a in args)
+        self.caught += self.catches(func, args)
         return super().__torch_dispatch__(func, types, args, kwargs)
 
 

@@ -102,24 +102,29 @@ def test_killed_run_resumes_bit_identical(minilm_path, text_file, weights, monke
     whole = run("whole", text_file, minilm_path, *steps)
     assert whole["args"]["pack"] == ("--pack" in mode) and whole["text"]["sequences"] == ("segments" if mode else
                                                                                           "sentences")
-    real, calls = pretrain.mlm_logits, []
-
-    def killed_at_step_6(*a, **k):  # a SIGKILL after the state of step 6 was saved, in the middle of step 7
-        calls.append(1)
-        if len(calls) == 7:
-            raise SystemExit("killed")
-        return real(*a, **k)
-    monkeypatch.setattr(pretrain, "mlm_logits", killed_at_step_6)
-    with pytest.raises(SystemExit):
-        run("cut", text_file, minilm_path, *steps)
+    killed_in_step(7, monkeypatch, "cut", text_file, minilm_path, *steps)  # after the state of step 6 was saved
     assert (weights / ".cut.pretrain-state.pt").exists() and not (weights / "cut").exists()
-    monkeypatch.setattr(pretrain, "mlm_logits", real)
     again = run("cut", text_file, minilm_path, *steps)
     assert again["sha256"] == whole["sha256"]
     assert not (weights / ".cut.pretrain-state.pt").exists(), "the resume state outlived the finished run"
     assert again["train_tokens_seen"] == whole["train_tokens_seen"] == sum(step_tokens(text_file, minilm_path, 7, mode))
     assert [p["steps"] for p in whole["parts"]] == [[0, 7]] and [p["steps"] for p in again["parts"]] == [[0, 6], [6, 7]]
     assert again["parts"][0]["tokens"] == sum(step_tokens(text_file, minilm_path, 6, mode))
+
+
+def killed_in_step(n, monkeypatch, *args):
+    """run(*args) killed in the middle of its step n, as by a SIGKILL (nothing after it runs); the step restored."""
+    real, calls = pretrain.mlm_logits, []
+
+    def killed(*a, **k):
+        calls.append(1)
+        if len(calls) == n:
+            raise SystemExit("killed")
+        return real(*a, **k)
+    monkeypatch.setattr(pretrain, "mlm_logits", killed)
+    with pytest.raises(SystemExit):
+        run(*args)
+    monkeypatch.setattr(pretrain, "mlm_logits", real)
 
 
 def step_tokens(text_file, minilm_path, n, mode):
@@ -136,17 +141,7 @@ def test_a_run_resumed_on_another_machine_says_so_and_records_where_each_part_ra
     steps = ["--steps", "5", "--save-every", "2", "--log-every", "3"]  # the state of step 2 is between log lines
     monkeypatch.setattr(pretrain.cli, "cpu_kind", lambda: {"model": "AMD EPYC", "capability": "AVX2",
                                                            "bf16_unit": False})
-    real, calls = pretrain.mlm_logits, []
-
-    def killed_at_step_3(*a, **k):
-        calls.append(1)
-        if len(calls) == 3:
-            raise SystemExit("killed")
-        return real(*a, **k)
-    monkeypatch.setattr(pretrain, "mlm_logits", killed_at_step_3)
-    with pytest.raises(SystemExit):
-        run("m", text_file, minilm_path, *steps)
-    monkeypatch.setattr(pretrain, "mlm_logits", real)
+    killed_in_step(3, monkeypatch, "m", text_file, minilm_path, *steps)
     monkeypatch.setattr(pretrain.cli, "cpu_kind", lambda: {"model": "Intel Xeon", "capability": "AVX512",
                                                            "bf16_unit": True})
     capsys.readouterr()
@@ -257,17 +252,7 @@ def test_a_non_finite_loss_fails_and_writes_nothing(minilm_path, text_file, weig
 
 
 def test_a_resume_on_other_text_is_refused(minilm_path, text_file, weights, capsys, monkeypatch):
-    real, calls = pretrain.mlm_logits, []
-
-    def killed_at_step_3(*a, **k):
-        calls.append(1)
-        if len(calls) == 3:
-            raise SystemExit("killed")
-        return real(*a, **k)
-    monkeypatch.setattr(pretrain, "mlm_logits", killed_at_step_3)
-    with pytest.raises(SystemExit):
-        run("r", text_file, minilm_path, "--steps", "5", "--save-every", "2")
-    monkeypatch.setattr(pretrain, "mlm_logits", real)
+    killed_in_step(3, monkeypatch, "r", text_file, minilm_path, "--steps", "5", "--save-every", "2")
     capsys.readouterr()
     text_file.write_text(text_file.read_text().replace("dog", "horse"))  # the same file name, rewritten
     err = refused(capsys, *args_of("r", text_file, minilm_path, "--steps", "5", "--save-every", "2"))
