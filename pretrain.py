@@ -62,8 +62,9 @@ from checkpoint import LoadError
 from cli import at_least, die, git_sha, seed_value
 
 STATE_KEYS = ("name", "layers", "hidden", "heads", "ffn", "max_len", "steps", "batch_size", "lr", "warmup",
-              "weight_decay", "clip", "dropout", "mask_prob", "seed", "threads", "device", "precision", "pack")  # what a resume must match,
-# with the sha256 of the sentences themselves (the text's content, whatever file or data folder it came from)
+              "weight_decay", "clip", "dropout", "mask_prob", "seed", "threads", "precision", "pack")  # what a resume must match,
+# with the sha256 of the sentences themselves (the text's content, whatever file or data folder it came from); not
+# the device: a run may go on on another machine, CPU or GPU, and its record's parts say which steps ran where
 
 # -----------------------------------------------------------------------------
 # the command line, parsed before the heavy imports: --help and a bad flag answer at once
@@ -746,8 +747,8 @@ def finish(run, text, model, head, state, git, dest, extra=None):
     held = score_held_out(run, model, head)
     print(f"held out: {held['sentences']} sentences, {held['masked_tokens']} masked tokens | mlm loss "
           f"{shown(held['mlm_loss'])} | mlm acc {shown(held['mlm_acc'])}", flush=True)
-    record = {"args": {**identity(args, text), "tokenizer": text["tokenizer"], "log_every": args.log_every,
-                       "save_every": args.save_every, "keep_at": args.keep_at},
+    record = {"args": {**identity(args, text), "device": args.device, "tokenizer": text["tokenizer"],
+                       "log_every": args.log_every, "save_every": args.save_every, "keep_at": args.keep_at},
               "text": text, "held_out": held, "history": state["history"], "train_tokens_seen": state["tokens"],
               "train_seconds": round(state["seconds"], 1), "torch": torch.__version__, "git": git,
               "cpu": cli.cpu_kind() if args.device == "cpu" else None, "parts": run_parts(state),
@@ -810,9 +811,9 @@ def start_part(state, args):
     here = {"from_step": state["step"], "tokens_before": state["tokens"], "seconds_before": state["seconds"], **now}
     last = state["parts"][-1] if state["parts"] else None
     if last and {k: last[k] for k in now} != now:
-        was = lambda m: (m["cpu"] or {}).get("capability", m["device"])  # noqa: E731
-        print(f"note: resuming on another machine than step {last['from_step']}'s ({last['device']} "
-              f"{was(last)}, torch {last['torch']}; now {args.device} {was(here)}, torch {torch.__version__}): the steps "
+        was = lambda m: m["device"] + (f" {m['cpu']['capability']}" if m["cpu"] else "")  # noqa: E731
+        print(f"note: resuming on another machine than step {last['from_step']}'s ({was(last)}, torch "
+              f"{last['torch']}; now {was(here)}, torch {torch.__version__}): the steps "
               "from here are this machine's float sums, not bit-identical to a run that stayed there; the record's "
               "parts say which steps ran where", flush=True)
     state["parts"].append(here)

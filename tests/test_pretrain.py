@@ -154,6 +154,26 @@ def test_a_run_resumed_on_another_machine_says_so_and_records_where_each_part_ra
     assert all(p["seconds"] >= 0 for p in record["parts"])
 
 
+def test_a_run_goes_on_on_another_device_its_state_not_refused(minilm_path, text_file, weights, monkeypatch,
+                                                                capsys):
+    """A state saved on a GPU (here: a CPU state whose parts and flags say cuda, as an older state's flags did) goes on
+    on the CPU: the device is not part of a run's identity, its parts say where each step ran."""
+    steps = ["--steps", "5", "--save-every", "2", "--log-every", "3"]
+    reference = run("ref", text_file, minilm_path, *steps)
+    killed_in_step(3, monkeypatch, "m", text_file, minilm_path, *steps)
+    path = weights / ".m.pretrain-state.pt"
+    blob = torch.load(path, weights_only=False)
+    blob["args"]["device"] = "cuda"  # states before this change held the device among their flags
+    blob["parts"] = [{**p, "device": "cuda", "cpu": None} for p in blob["parts"]]
+    torch.save(blob, path)
+    capsys.readouterr()
+    record = run("m", text_file, minilm_path, *steps)
+    out = capsys.readouterr().out
+    assert "resuming from step 2" in out and "another machine than step 0's (cuda, torch" in out
+    assert [(p["steps"], p["device"]) for p in record["parts"]] == [([0, 2], "cuda"), ([2, 5], "cpu")]
+    assert record["args"]["device"] == "cpu" and record["sha256"] == reference["sha256"]  # (the same CPU here)
+
+
 def test_refusals_are_one_line(minilm_path, text_file, weights, capsys):
     run("m", text_file, minilm_path, "--steps", "2")
     with pytest.raises(SystemExit) as e:
