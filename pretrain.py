@@ -62,9 +62,10 @@ from checkpoint import LoadError
 from cli import at_least, die, git_sha, seed_value
 
 STATE_KEYS = ("name", "layers", "hidden", "heads", "ffn", "max_len", "steps", "batch_size", "lr", "warmup",
-              "weight_decay", "clip", "dropout", "mask_prob", "seed", "threads", "precision", "pack")  # what a resume must match,
-# with the sha256 of the sentences themselves (the text's content, whatever file or data folder it came from); not
-# the device: a run may go on on another machine, CPU or GPU, and its record's parts say which steps ran where
+              "weight_decay", "clip", "dropout", "mask_prob", "seed", "threads", "precision", "pack")
+# what a resume must match, with the sha256 of the sentences themselves (the text's content, whatever file or data
+# folder it came from); not the device: a run may go on on another machine, CPU or GPU, and its record's parts say
+# which steps ran where
 
 # -----------------------------------------------------------------------------
 # the command line, parsed before the heavy imports: --help and a bad flag answer at once
