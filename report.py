@@ -412,7 +412,8 @@ def pretraining(out):
         raise LoadError(f"{path}: {why}; copy the model's own pretrain.json there again")
     step = rec.get("intermediate") if isinstance(rec.get("intermediate"), dict) else {}
     name = f"{step.get('of')}-step{step.get('step')}" if step else get(rec, "args", "name") or Path(out).name
-    return {"out": str(out), "name": name, "sha256": sha, "train_tokens_seen": rec["train_tokens_seen"],
+    run = step.get("of") if step else name  # the pretraining run it is from: its --keep-at folders are one run's
+    return {"out": str(out), "name": name, "run": run, "sha256": sha, "train_tokens_seen": rec["train_tokens_seen"],
             "mlm_acc": rec["held_out"]["mlm_acc"]}
 
 
@@ -517,34 +518,52 @@ def report_curve(exp, outs, seeds, json_path=None, plot=None):
     return models
 
 
+def curve_series(exp, models):
+    """The figure's series: [(variant, run, [(tokens seen, mean, std)])], one per row and pretraining run, the points
+    by tokens seen. A run's --keep-at folders are one line; models of other runs (other recipes) are not joined."""
+    runs = list(dict.fromkeys(m.get("run", m["name"]) for m in models))
+    return [(v.name, run, pts) for v in exp.variants for run in runs
+            if (pts := sorted((m["train_tokens_seen"], *m["rows"][v.name]["avg"]) for m in models
+                              if m.get("run", m["name"]) == run and v.name in m["rows"]))]
+
+
 def plot_curve(exp, models, path):
-    """x: tokens seen (log), y: the 7-task average, a line a row with the seeds' std as error bars; the paper's
-    BERT-base figure of each row as a dashed line of its colour."""
+    """x: tokens seen (log), y: the 7-task average, a colour a row and a marker a pretraining run (its --keep-at
+    folders joined by a line), the seeds' std as error bars; the paper's BERT-base figure of each row as a dashed line
+    of its colour."""
     import matplotlib
     matplotlib.use("Agg")  # no display needed
     import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(7.5, 4.8))
-    for i, v in enumerate(exp.variants):
-        color, label = f"C{i}", LABELS.get(v.name, v.name)
-        pts = [(m["train_tokens_seen"], *m["rows"][v.name]["avg"]) for m in models if v.name in m["rows"]]
-        if pts:
-            x, y, err = zip(*pts)
-            ax.errorbar(x, y, yerr=err, color=color, marker="o", capsize=3, label=label)
+    fig, ax = plt.subplots(figsize=(8, 4.8))
+    colors = {v.name: f"C{i}" for i, v in enumerate(exp.variants)}
+    runs = list(dict.fromkeys(run for _, run, _ in curve_series(exp, models)))
+    markers = dict(zip(runs, "osD^vP*Xph"))
+    labelled = set()
+    for name, run, pts in curve_series(exp, models):
+        x, y, err = zip(*pts)
+        label = None if name in labelled else LABELS.get(name, name)
+        labelled.add(name)
+        ax.errorbar(x, y, yerr=err, color=colors[name], marker=markers.get(run, "o"), capsize=3,
+                    linestyle="-" if len(pts) > 1 else "none", label=label)
+    for v in exp.variants:
         if (ref := paper_figure(v)) is not None:
             whose = v.paper["BERT-base"].partition("(")[2].rstrip(")") or "SG"  # "76.25 (SimCSE)": SimCSE's paper
-            ax.axhline(ref, color=color, linestyle="--", linewidth=1, alpha=0.7,
-                       label=f"{label}, BERT-base ({whose} paper)")
+            ax.axhline(ref, color=colors[v.name], linestyle="--", linewidth=1, alpha=0.7,
+                       label=f"{LABELS.get(v.name, v.name)}, BERT-base ({whose} paper)")
     ax.set_xscale("log")
     ax.xaxis.set_minor_formatter(plt.NullFormatter())  # the decades only: minor labels overlap on a short range
     ax.set_xlabel("tokens seen in pretraining (log scale)")
     ax.set_ylabel("7 STS tasks, average Spearman x100 (all)")
     ax.set_title("The paper's effect as a function of pretraining", fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
-    handles, labels = ax.get_legend_handles_labels()  # each row beside its reference
+    handles, labels = ax.get_legend_handles_labels()  # each row beside its reference, then the runs' markers
     rank = {LABELS.get(v.name, v.name): i for i, v in enumerate(exp.variants)}
     order = sorted(range(len(labels)), key=lambda j: (rank[labels[j].split(",")[0]], "," in labels[j]))
-    ax.legend([handles[j] for j in order], [labels[j] for j in order], fontsize=7, loc="center left",
-              bbox_to_anchor=(1.01, 0.5))
+    handles, labels = [handles[j] for j in order], [labels[j] for j in order]
+    for run in runs:
+        handles.append(plt.Line2D([], [], color="gray", marker=markers.get(run, "o"), linestyle="none"))
+        labels.append(run)
+    ax.legend(handles, labels, fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.tight_layout()
     atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=120))  # a kill leaves the old figure or the new
     plt.close(fig)

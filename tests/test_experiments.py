@@ -1092,6 +1092,22 @@ def test_a_damaged_pretrain_record_is_one_line_and_no_runs_is_exit_1(tmp_path, c
     assert e.value.code == 1 and "no finished runs of the curve's rows" in capsys.readouterr().err
 
 
+def test_the_figure_joins_one_pretraining_runs_folders_only(tmp_path, capsys):
+    """A --keep-at folder of a run and the run's other folders make one line a row, in token order; a model of another
+    run (another recipe) is a point of its own, never joined to them."""
+    outs, shas, scores = curve_models(tmp_path, np.random.default_rng(3))
+    late3 = tmp_path / "late3"  # a second folder of mid's run (raw-bert-mini-3), after 'late' in tokens
+    pretrain_json(late3, "raw-bert-mini-3", 50_000_000, 0.4, "f" * 64, step=4000)
+    curve_run(late3 / "curve/cls/eval.json", 12.5, "f" * 64)
+    models = experiments.main(["report-curve", *map(str, [late3, *outs])])
+    assert [m["run"] for m in models] == ["early", "raw-bert-mini-3", "late", "raw-bert-mini-3"]
+    series = {(row, run): pts for row, run, pts in report.curve_series(experiments.EXPERIMENTS["curve"], models)}
+    assert series["cls", "raw-bert-mini-3"] == [(20_000_000, scores[outs[2], "cls"][0], 0.0), (50_000_000, 12.5, 0.0)]
+    assert series["cls", "late"] == [(43_381_194, scores[outs[0], "cls"][0], 0.0)]
+    assert ("mean", "raw-bert-mini-3") in series and len(series["mean", "raw-bert-mini-3"]) == 1  # late3 has no mean
+    assert sorted(run for row, run in series if row == "sg-opt") == ["early", "late", "raw-bert-mini-3"]
+
+
 def test_report_curve_plot_needs_matplotlib(tmp_path, monkeypatch, capsys):
     pretrain_json(tmp_path / "a", "a", 1000, 0.3, "ab" * 32)
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if it were not installed
