@@ -521,10 +521,10 @@ def report_curve(exp, outs, seeds, json_path=None, plot=None):
 def curve_series(exp, models):
     """The figure's series: [(variant, run, [(tokens seen, mean, std)])], one per row and pretraining run, the points
     by tokens seen. A run's --keep-at folders are one line; models of other runs (other recipes) are not joined."""
-    runs = list(dict.fromkeys(m.get("run", m["name"]) for m in models))
+    runs = list(dict.fromkeys(m["run"] for m in models))
     return [(v.name, run, pts) for v in exp.variants for run in runs
             if (pts := sorted((m["train_tokens_seen"], *m["rows"][v.name]["avg"]) for m in models
-                              if m.get("run", m["name"]) == run and v.name in m["rows"]))]
+                              if m["run"] == run and v.name in m["rows"]))]
 
 
 def plot_curve(exp, models, path):
@@ -536,10 +536,11 @@ def plot_curve(exp, models, path):
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(8, 4.8))
     colors = {v.name: f"C{i}" for i, v in enumerate(exp.variants)}
-    runs = list(dict.fromkeys(run for _, run, _ in curve_series(exp, models)))
+    series = curve_series(exp, models)
+    runs = list(dict.fromkeys(run for _, run, _ in series))
     markers = dict(zip(runs, "osD^vP*Xph"))
     labelled = set()
-    for name, run, pts in curve_series(exp, models):
+    for name, run, pts in series:
         x, y, err = zip(*pts)
         label = None if name in labelled else LABELS.get(name, name)
         labelled.add(name)
