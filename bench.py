@@ -18,7 +18,8 @@ and is skipped. Shared rules, so that ratios mean something:
            official formulation of the loss and of the regulariser (a Python loop of per-parameter norms)
            and the step's achieved GFLOP/s against this machine's measured GEMM rate in the same precision
   precision the CPU's kind (cli.cpu_kind: bf16 matrix unit or not), then our step in bf16 autocast vs fp32 on the same
-           device, each against the fp32 reference step, and encoding sentences/s in bf16 vs fp32 (bert.encode)
+           device, each against the fp32 reference step, encoding sentences/s in bf16 vs fp32 (bert.encode), and
+           with a bf16 unit the GEMM rates of fp32, bf16 and fp16 in the encoders' shapes (bf16's ceiling here)
   ddp      train.py itself: 1 process vs torchrun with 2 gloo processes on this CPU, the same global batch
   memory   peak memory of a few of those steps, ours vs the reference
   sts      the 7-task STS encoding: length-sorted batches (bert.encode) vs unsorted batch-16 batches in input order,
@@ -498,18 +499,39 @@ def gemm_rate(device, precision, n=2048, repeats=5):
     """GFLOP/s of one n x n x n torch.matmul in the precision on the device: the machine's practical ceiling."""
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     if precision == "bf16" and device.type == "cpu":
-        n = 512  # no native bf16 GEMM on many CPUs: a 2048^3 product can take minutes there
+        n = min(n, 1024)  # a CPU without a bf16 unit runs a 2048^3 bf16 product for tens of seconds
     a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
     sec = time_alternating({"mm": lambda: a @ b}, repeats=repeats, sync=cuda_sync(device))["mm"]
     return 2 * n ** 3 / sec / 1e9
+
+
+GEMM_SHAPES = ((1024, 1024, 1024), (4096, 256, 1024), (4096, 384, 1536))  # a square; BERT-Mini's, MiniLM's FFN
+GEMM_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+def gemm_rates(device, repeats=5, shapes=GEMM_SHAPES):
+    """{shape: {precision: GFLOP/s}} of (m x k) @ (k x n) torch.matmul products, the three precisions alternating:
+    the ceiling of what a lower precision can buy on this machine (fp16 for completeness: autocast here is bf16)."""
+    out = {}
+    for m, k, n in shapes:
+        fns = {}
+        for p, name in GEMM_DTYPES.items():
+            a, b = torch.randn(m, k, device=device).to(getattr(torch, name)), \
+                torch.randn(k, n, device=device).to(getattr(torch, name))
+            fns[p] = lambda a=a, b=b: a @ b
+        sec = time_alternating(fns, repeats=repeats, sync=cuda_sync(device))
+        out[(m, k, n)] = {p: 2 * m * k * n / s / 1e9 for p, s in sec.items()}
+    return out
 
 
 def bench_precision(results, args):
     """The machine's kind first (cli.cpu_kind: the CPU's name, torch's capability, whether it has a bf16 matrix
     unit), then side by side in one run: train.py's SG-OPT step in bf16 autocast vs fp32, each against the fp32
     reference step; and encoding (bert.encode, evaluate.py --precision) in sentences/s, bf16 vs fp32, with how far
-    bf16 moved the cosines. Without a bf16 unit, bf16's products are emulated in fp32 (bert.Bf16Products, as train.py
-    and bert.encode run them there). Targets on a CPU with a unit: bf16 step and bf16 encoding >= 2x fp32's."""
+    bf16 moved the cosines; with a unit, the products' own rates (gemm_rates: fp32, bf16, fp16), the ceiling of any
+    bf16 speed-up (a unit is not always faster: AVX512-BF16 without AMX ran bf16 at x0.5 of fp32 on a Xeon). Without
+    a unit, bf16's products are emulated in fp32 (bert.Bf16Products, as train.py and bert.encode run them there).
+    Targets on a CPU with a unit: bf16 step and bf16 encoding >= 2x fp32's."""
     path, data_dir, why = step_setting(args)
     if why:
         return skip(results, "precision", why)
@@ -525,17 +547,21 @@ def bench_precision(results, args):
             "reference fp32": make_step_run("reference", precision="fp32", **kw)}
     repeats = args.repeats
     ms = {k: 1e3 * s for k, s in time_alternating(runs, repeats=repeats, sync=cuda_sync(device)).items()}
-    rates = {p: gemm_rate(device, p) for p in ("fp32", "bf16")}
+    rates = gemm_rates(device, repeats=repeats) if unit else {}  # without a unit: 1 GFLOP/s, minutes of bf16
     print(f"  SG-OPT step, batch 16, all-MiniLM-L6-v2, {device}, median of {repeats}: fp32 {ms['fp32']:.1f} ms   bf16 "
           f"{ms['bf16']:.1f} ms   bf16 speed-up {verdict(ms['fp32'] / ms['bf16'], 2)}; vs the fp32 reference "
           f"({ms['reference fp32']:.1f} ms): fp32 x{ms['reference fp32'] / ms['fp32']:.2f}, bf16 "
           f"x{ms['reference fp32'] / ms['bf16']:.2f}")
-    print(f"  this machine's GEMM rate (torch.matmul): fp32 {rates['fp32']:.0f} GFLOP/s, bf16 {rates['bf16']:.0f} GFLOP/s")
+    for shape, r in rates.items():
+        print(f"  torch.matmul {'x'.join(map(str, shape))} (m x k x n), median of {repeats}: " + "   ".join(
+            f"{p} {v:.0f} GFLOP/s" for p, v in r.items()) + f"   bf16 x{r['bf16'] / r['fp32']:.2f} of fp32 (the "
+            "ceiling of bf16's speed-up)")
     enc = encoding_rates(path, data_dir, device, n=512, repeats=repeats)
     print(f"  encoding {enc['sentences']} {enc['source']} (bert.encode, [CLS], batches of 64), median of {repeats}: "
           f"fp32 {enc['per_s']['fp32']:.0f} sentences/s   bf16 {enc['per_s']['bf16']:.0f} sentences/s   bf16 speed-up "
           f"{verdict(enc['speedup'], 2)}; bf16's cosines within {enc['max_cos_diff']:.1e} of fp32's")
-    results["precision"] = dict(device=str(device), cpu=kind, repeats=repeats, ms=ms, gemm_gflops=rates, encoding=enc)
+    results["precision"] = dict(device=str(device), cpu=kind, repeats=repeats, ms=ms, encoding=enc,
+                                gemm_gflops={"x".join(map(str, k)): v for k, v in rates.items()})
 
 
 def encoding_rates(path, data_dir, device, n, repeats, batch_size=64):

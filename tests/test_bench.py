@@ -43,6 +43,9 @@ def test_step_flops_and_bf16_step(tiny_folder):
     fp32, bf16 = (bench.make_step_run("sgbert", precision=p, **kw)()[0].item() for p in ("fp32", "bf16"))
     assert fp32 != bf16 and abs(fp32 - bf16) <= 2e-2 * max(1.0, abs(fp32))
     assert bench.gemm_rate(torch.device("cpu"), "fp32", n=64, repeats=1) > 0
+    rates = bench.gemm_rates(torch.device("cpu"), repeats=1, shapes=((32, 16, 8),))
+    assert list(rates) == [(32, 16, 8)] and list(rates[(32, 16, 8)]) == ["fp32", "bf16", "fp16"]
+    assert all(v > 0 for v in rates[(32, 16, 8)].values())
 
 
 def test_precision_section_names_the_cpu_kind_and_times_both_precisions(tiny_folder, monkeypatch, capsys):
@@ -63,7 +66,6 @@ def test_precision_section_names_the_cpu_kind_and_times_both_precisions(tiny_fol
     monkeypatch.setattr(bench.bert, "bf16_products", lambda *a: held.append(a) or real_products(*a))
     real_step = bench.make_step_run  # a small head and GEMM probe: seconds
     monkeypatch.setattr(bench, "make_step_run", lambda *a, **kw: real_step(*a, **{**kw, "proj_size": 16}))
-    monkeypatch.setattr(bench, "gemm_rate", lambda device, precision: 1.0)
     results = {}
     bench.bench_precision(results, bench.argparse.Namespace(data_dir=None, device="cpu", repeats=2))
     row, out = results["precision"], capsys.readouterr().out
@@ -77,6 +79,7 @@ def test_precision_section_names_the_cpu_kind_and_times_both_precisions(tiny_fol
     assert enc["speedup"] == pytest.approx(enc["per_s"]["bf16"] / enc["per_s"]["fp32"])
     assert 0 < enc["max_cos_diff"] < 2 ** -6  # bf16 moved them, by less than 4 bf16 units
     assert "sentences/s" in out and "bf16 speed-up" in out
+    assert "torch.matmul" not in out and row["gemm_gflops"] == {}  # no unit: bf16 products would take minutes
 
 
 def test_epoch_section_runs_train_py_and_extrapolates(tiny_config, tmp_path, shared_data, monkeypatch):

@@ -749,15 +749,22 @@ def test_bf16_leaves_the_similarity_loss_and_regulariser_in_fp32(world):
 
 
 def test_bf16_on_a_cpu_without_a_bf16_unit_says_so_once(world, capsys, monkeypatch):
-    """One note on stderr (cli.warn_slow_bf16), and none for fp32 or on a CPU that has the unit."""
+    """One note on stderr (cli.warn_slow_bf16), and none for fp32 or on a CPU whose bf16 unit pays; one, with the
+    measured ratio, where the unit's bf16 products are slower than fp32's."""
     monkeypatch.setattr(cli, "cpu_kind", lambda: {"model": "AMD EPYC", "capability": "AVX2", "bf16_unit": False})
     run(world, "--precision", "bf16", "--max-steps", "1", "--eval-every", "10")
     assert capsys.readouterr().err.count("note: --precision bf16 on a CPU without bf16 matrix instructions") == 1
     run(world, "--max-steps", "1", "--eval-every", "10", "--overwrite")
     assert "note:" not in capsys.readouterr().err
     monkeypatch.setattr(cli, "cpu_kind", lambda: {"model": "Xeon", "capability": "AVX512", "bf16_unit": True})
+    monkeypatch.setattr(cli, "bf16_matmul_speedup", lambda: 3.0)  # a unit whose bf16 products pay (AMX)
     run(world, "--precision", "bf16", "--max-steps", "1", "--eval-every", "10", "--overwrite")
     assert "note:" not in capsys.readouterr().err
+    monkeypatch.setattr(cli, "bf16_matmul_speedup", lambda: 0.52)  # AVX512-BF16 without AMX, as measured on a Xeon
+    run(world, "--precision", "bf16", "--max-steps", "1", "--eval-every", "10", "--overwrite")
+    err = capsys.readouterr().err
+    assert err.count("note: --precision bf16 on this CPU (Xeon, AVX512): its bf16 matrix products run at x0.52 of "
+                     "fp32's") == 1 and "slower than fp32 here" in err
 
 
 def test_an_unreachable_hub_name_says_what_works_here(world, capsys, monkeypatch):
