@@ -499,7 +499,7 @@ def gemm_rate(device, precision, n=2048, repeats=5):
     """GFLOP/s of one n x n x n torch.matmul in the precision on the device: the machine's practical ceiling."""
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     if precision == "bf16" and device.type == "cpu":
-        n = min(n, 1024)  # a CPU without a bf16 unit runs a 2048^3 bf16 product for tens of seconds
+        n = 512  # no native bf16 GEMM on many CPUs: a 2048^3 product can take minutes there
     a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
     sec = time_alternating({"mm": lambda: a @ b}, repeats=repeats, sync=cuda_sync(device))["mm"]
     return 2 * n ** 3 / sec / 1e9
