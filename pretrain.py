@@ -119,6 +119,11 @@ def get_args(argv=None):
     a("--device", default="auto", choices=["auto", "cpu", "cuda"], help="auto (default): cuda when available")
     a("--log-every", type=pos(), default=50, help="a progress line every N steps (default %(default)s)")
     a("--save-every", type=pos(), default=250, help="the resume state every N steps (default %(default)s)")
+    a("--stop-at", type=pos(), metavar="N", help="end this process after step N, its resume state saved (and its "
+      "--keep-at folder written): e.g. to score an intermediate model on an idle CPU; the same command without it "
+      "goes on from there (not part of the run's identity, nor is --stop-after)")
+    a("--stop-after", type=pos(float, 0.0), metavar="MINUTES", help="end this process at the first --save-every state "
+      "saved after MINUTES minutes of its training loop (a session's time limit); the same command goes on from there")
     a("--overwrite", action="store_true", help="replace an existing weights/<name>/")
     a("--sample", type=pos(), help="no pretraining: write N of the text's training sentences (drawn with --seed, "
       "none held out, none an evaluation sentence) to --sample-out, one per line: fine-tuning data (train.py --data) "
@@ -155,6 +160,9 @@ def check_args(args):
                         "there would replace it; choose another file")
     if args.text and args.add_text:
         die("--text replaces the data folder's text, --add-text adds to it: give one of them")
+    if args.stop_at and args.stop_at >= args.steps:
+        die(f"--stop-at {args.stop_at}: a stop comes before the last step (--steps {args.steps}), which ends the run "
+            "itself")
     if args.keep_at and args.keep_at[-1] >= args.steps:
         die(f"--keep-at {args.keep_at[-1]}: intermediate models come before the last step (--steps {args.steps}), "
             "which writes weights/<name>/ itself")
@@ -420,8 +428,10 @@ def mlm_step(model, head, optimizer, tracked, batch, lr, clip):
 def train(run, model, head, optimizer, state, keep=None):
     """The loop: from state['step'] to --steps, a log line after the first step and every --log-every steps, the
     resume state every --save-every steps, keep(step, tokens seen, seconds) after each --keep-at step (the
-    intermediate folders)."""
+    intermediate folders). Returns None at the last step, else why it stopped (--stop-at, --stop-after), its resume
+    state saved."""
     args, order = run["args"], run["order"]
+    begun = time.perf_counter()  # --stop-after counts from here
     tracked = [p for g in optimizer.param_groups for p in g["params"]]
     t0, tok, done0 = time.perf_counter(), 0, state["step"]  # the progress line's rate, since its last line
     start, clock = done0, t0  # state's tokens count every step and its seconds up to clock: a saved state is exact
@@ -461,13 +471,22 @@ def train(run, model, head, optimizer, state, keep=None):
             t0, tok, done0 = time.perf_counter(), 0, state["step"]
             loss_sum.zero_(), correct.zero_()
             n_masked = 0
-        if state["step"] % args.save_every == 0 and state["step"] < args.steps:
+        saved = state["step"] % args.save_every == 0 and state["step"] < args.steps
+        if saved:
             tick()
             save_state(run["state_file"], model, head, optimizer, state)
         if keep and state["step"] in args.keep_at:
             tick()
             keep(state["step"], state["tokens"], state["seconds"])
             clock = time.perf_counter()  # the intermediate folder's scoring and writing is not training time
+        if state["step"] == args.stop_at:
+            if not saved:
+                tick()
+                save_state(run["state_file"], model, head, optimizer, state)
+            return f"--stop-at {args.stop_at}"
+        if saved and args.stop_after is not None and time.perf_counter() - begun >= 60 * args.stop_after:
+            return f"--stop-after {args.stop_after:g}: {(time.perf_counter() - begun) / 60:.1f} minutes of training"
+    return None
 
 
 def score_held_out(run, model, head):
@@ -783,6 +802,9 @@ def pretrain(args, dest):
     state = {"args": identity(args, text), "step": 0, "history": [], "tokens": 0, "seconds": 0.0, "parts": []}
     if run["state_file"].exists() and not args.fresh:
         state = load_state(run["state_file"], model, head, optimizer, args, state["args"])
+    if args.stop_at and args.stop_at <= state["step"]:
+        die(f"--stop-at {args.stop_at}: the resume state {run['state_file']} is at step {state['step']} already; "
+            "give a later step, or leave --stop-at out to go on")
     check_intermediate(args, state)
     start_part(state, args)
 
@@ -792,7 +814,12 @@ def pretrain(args, dest):
         model.train(), head.train()
 
     with bert.bf16_products(args.precision, args.device):  # bf16 on a CPU without a bf16 unit: emulated, fast
-        train(run, model, head, optimizer, state, keep)
+        stopped = train(run, model, head, optimizer, state, keep)
+        if stopped:
+            print(f"stopped after step {state['step']} of {args.steps} as asked ({stopped}); its state is kept in "
+                  f"{run['state_file']}: run the command again to go on from there (without --stop-at, or with a "
+                  "later step)", flush=True)
+            return None
         record = finish(run, text, model, head, state, git, dest)
     run["state_file"].unlink(missing_ok=True)
     return record

@@ -491,3 +491,34 @@ def test_the_first_step_is_logged(minilm_path, text_file, weights, capsys):
     run("f", text_file, minilm_path, "--steps", "4", "--log-every", "50")
     out = capsys.readouterr().out
     assert "step 1/4 |" in out and "ETA" in out.split("step 1/4 |")[1].splitlines()[0]
+
+
+def test_a_run_stopped_as_asked_goes_on_bit_identical(minilm_path, text_file, weights, capsys):
+    """--stop-at N ends the process after step N (its state saved though N is no --save-every step, its --keep-at
+    folder written) with status 0; the same command goes on to the uninterrupted run's model."""
+    steps = ["--steps", "7", "--save-every", "5", "--dropout", "0.1", "--keep-at", "3"]
+    whole = run("whole", text_file, minilm_path, *steps)
+    assert run("s", text_file, minilm_path, *steps, "--stop-at", "3") is None
+    out = capsys.readouterr().out
+    assert "stopped after step 3 of 7 as asked (--stop-at 3)" in out and ".s.pretrain-state.pt" in out
+    assert (weights / ".s.pretrain-state.pt").exists() and (weights / "s-step3").is_dir()
+    assert not (weights / "s").exists()
+    assert checkpoint.weights_sha256(weights / "s-step3") == checkpoint.weights_sha256(weights / "whole-step3")
+    err = refused(capsys, *args_of("s", text_file, minilm_path, *steps, "--stop-at", "2"))
+    assert "--stop-at 2" in err and "at step 3 already" in err
+    again = run("s", text_file, minilm_path, *steps)
+    assert again["sha256"] == whole["sha256"] and again["train_tokens_seen"] == whole["train_tokens_seen"]
+    assert [p["steps"] for p in again["parts"]] == [[0, 3], [3, 7]]
+    assert "before the last step" in refused(capsys, *args_of("t", text_file, minilm_path, "--steps", "4",
+                                                              "--stop-at", "4"))
+
+
+def test_a_time_limit_stops_at_the_first_saved_state_after_it(minilm_path, text_file, weights, capsys):
+    steps = ["--steps", "7", "--save-every", "2"]
+    whole = run("whole", text_file, minilm_path, *steps)
+    assert run("m", text_file, minilm_path, *steps, "--stop-after", "0") is None  # 0 minutes: the first state, step 2
+    assert "stopped after step 2 of 7 as asked (--stop-after 0" in capsys.readouterr().out
+    assert run("m", text_file, minilm_path, *steps, "--stop-after", "0") is None
+    assert "stopped after step 4 of 7" in capsys.readouterr().out
+    again = run("m", text_file, minilm_path, *steps, "--stop-after", "60")  # not reached: it finishes
+    assert again["sha256"] == whole["sha256"] and [p["steps"] for p in again["parts"]] == [[0, 2], [2, 4], [4, 7]]
