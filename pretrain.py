@@ -479,13 +479,23 @@ def train(run, model, head, optimizer, state, keep=None):
             tick()
             keep(state["step"], state["tokens"], state["seconds"])
             clock = time.perf_counter()  # the intermediate folder's scoring and writing is not training time
-        if state["step"] == args.stop_at:
+        why = stop_reason(args, state["step"], saved, begun)
+        if why:
             if not saved:
                 tick()
                 save_state(run["state_file"], model, head, optimizer, state)
-            return f"--stop-at {args.stop_at}"
-        if saved and args.stop_after is not None and time.perf_counter() - begun >= 60 * args.stop_after:
-            return f"--stop-after {args.stop_after:g}: {(time.perf_counter() - begun) / 60:.1f} minutes of training"
+            return why
+    return None
+
+
+def stop_reason(args, step, saved, begun):
+    """Why the loop ends after this step though --steps are not done (--stop-at N; --stop-after: at a saved state
+    once the minutes since begun have passed), else None."""
+    if step == args.stop_at:
+        return f"--stop-at {args.stop_at}"
+    minutes = (time.perf_counter() - begun) / 60
+    if saved and args.stop_after is not None and minutes >= args.stop_after:
+        return f"--stop-after {args.stop_after:g}: {minutes:.1f} minutes of training"
     return None
 
 
