@@ -425,6 +425,38 @@ def mlm_step(model, head, optimizer, tracked, batch, lr, clip):
     return loss.detach(), logits.detach()
 
 
+class Progress:
+    """The progress line's window: tokens/s, ETA and the MLM loss and accuracy since its last line."""
+
+    def __init__(self, args, step):
+        self.args = args
+        self.loss_sum, self.correct = torch.zeros(()), torch.zeros(())
+        self.reset(step)
+
+    def reset(self, step):
+        self.t0, self.tok, self.done0, self.n_masked = time.perf_counter(), 0, step, 0
+        self.loss_sum.zero_(), self.correct.zero_()
+
+    def add(self, loss, logits, labels, real):  # a step's masked rows (labels) and its real tokens
+        self.loss_sum += loss * len(labels)
+        self.correct += (logits.argmax(1) == labels).sum()
+        self.n_masked, self.tok = self.n_masked + len(labels), self.tok + real
+
+    def first_line(self, step, loss):  # a first sign of life and an ETA, before the first log line's minutes
+        dt = time.perf_counter() - self.t0
+        print(f"step {step}/{self.args.steps} | mlm loss {loss.item():.4f} | {self.tok / dt:,.0f} tok/s | "
+              f"ETA {(self.args.steps - self.done0) * dt / 60:.1f} min", flush=True)
+
+    def line(self, step, lr):
+        """Print the window's line; return its history row [step, loss, accuracy] (None where nothing was masked)."""
+        dt = time.perf_counter() - self.t0
+        l, a = mean_or_none(self.loss_sum.item(), self.n_masked), mean_or_none(self.correct.item(), self.n_masked)
+        eta = (self.args.steps - step) * dt / (step - self.done0)
+        print(f"step {step}/{self.args.steps} | mlm loss {shown(l)} | mlm acc {shown(a)} | lr {lr:.2e} | "
+              f"{self.tok / dt:,.0f} tok/s | ETA {eta / 60:.1f} min", flush=True)
+        return [step, l and round(l, 5), a and round(a, 5)]
+
+
 def train(run, model, head, optimizer, state, keep=None):
     """The loop: from state['step'] to --steps, a log line after the first step and every --log-every steps, the
     resume state every --save-every steps, keep(step, tokens seen, seconds) after each --keep-at step (the
@@ -433,14 +465,13 @@ def train(run, model, head, optimizer, state, keep=None):
     args, order = run["args"], run["order"]
     begun = time.perf_counter()  # --stop-after counts from here
     tracked = [p for g in optimizer.param_groups for p in g["params"]]
-    t0, tok, done0 = time.perf_counter(), 0, state["step"]  # the progress line's rate, since its last line
-    start, clock = done0, t0  # state's tokens count every step and its seconds up to clock: a saved state is exact
+    progress = Progress(args, state["step"])
+    start, clock = state["step"], progress.t0  # state's tokens count every step and its seconds up to clock: exact
 
     def tick():  # the seconds since clock into state (before a save, a keep or a log line)
         nonlocal clock
         now = time.perf_counter()
         state["seconds"], clock = state["seconds"] + now - clock, now
-    loss_sum, correct, n_masked = torch.zeros(()), torch.zeros(()), 0
     for step in range(state["step"], args.steps):
         torch.manual_seed(args.seed * 1_000_003 + step)  # dropout's draws, when --dropout > 0
         idx = order.batch(step)
@@ -450,27 +481,15 @@ def train(run, model, head, optimizer, state, keep=None):
         if not math.isfinite(loss.item()):  # (!!) a NaN model must never be written, nor replace a good one
             die(f"step {step + 1}: the MLM loss is {loss.item()}; nothing written (lower --lr; the resume state, if "
                 "any, is from before it)", code=1)
-        loss_sum += loss * len(rows)
-        correct += (logits.argmax(1) == labels).sum()
         real = int(mask.sum())
-        n_masked, tok = n_masked + len(rows), tok + real
+        progress.add(loss, logits, labels, real)
         state["step"], state["tokens"] = step + 1, state["tokens"] + real
         if step == start and state["step"] % args.log_every and state["step"] < args.steps:
-            dt = time.perf_counter() - t0  # a first sign of life and an ETA, before the first log line's minutes
-            print(f"step {state['step']}/{args.steps} | mlm loss {loss.item():.4f} | {tok / dt:,.0f} tok/s | "
-                  f"ETA {(args.steps - done0) * dt / 60:.1f} min", flush=True)
+            progress.first_line(state["step"], loss)
         if state["step"] % args.log_every == 0 or state["step"] == args.steps:
-            dt = time.perf_counter() - t0
-            l, a = mean_or_none(loss_sum.item(), n_masked), mean_or_none(correct.item(), n_masked)
-            state["history"].append([state["step"], l and round(l, 5), a and round(a, 5)])
-            eta = (args.steps - state["step"]) * dt / (state["step"] - done0)
-            print(f"step {state['step']}/{args.steps} | mlm loss {shown(l)} | mlm acc {shown(a)} | "
-                  f"lr {get_lr(step, args.steps, args.lr, args.warmup):.2e} | {tok / dt:,.0f} tok/s | "
-                  f"ETA {eta / 60:.1f} min", flush=True)
+            state["history"].append(progress.line(state["step"], get_lr(step, args.steps, args.lr, args.warmup)))
             tick()
-            t0, tok, done0 = time.perf_counter(), 0, state["step"]
-            loss_sum.zero_(), correct.zero_()
-            n_masked = 0
+            progress.reset(state["step"])
         saved = state["step"] % args.save_every == 0 and state["step"] < args.steps
         if saved:
             tick()
