@@ -1303,7 +1303,6 @@ def _alloc_child(spec):
     import pretrain
     torch.set_num_threads(spec["threads"])
     pargs = pretrain.get_args([*spec["argv"], "--device", "cpu"])  # the allocator is the CPU's
-    pargs.device = cli.device(pargs.device)
     run, _ = pretrain.prepare(pargs)
     model, head, opt = pretrain.build(pargs, run["vocab_size"])
     tracked = [p for g in opt.param_groups for p in g["params"]]

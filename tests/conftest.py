@@ -81,6 +81,19 @@ TINY = dict(vocab_size=120, hidden_size=32, num_hidden_layers=2, num_attention_h
 
 
 @pytest.fixture
+def text_file(tmp_path):
+    """A pretraining text of 300 random sentences of 3-11 common words (pretrain.py's and bench.py's tests)."""
+    import torch
+    words = "the a man woman dog cat plays runs on in guitar piano park street red blue small big old new".split()
+    g = torch.Generator().manual_seed(0)
+    lines = [" ".join(words[i] for i in torch.randint(len(words), (int(n),), generator=g).tolist())
+             for n in torch.randint(3, 12, (300,), generator=g)]
+    f = tmp_path / "text.txt"
+    f.write_text("\n".join(lines) + "\n")
+    return f
+
+
+@pytest.fixture
 def tiny_config():
     """Keyword arguments of a tiny random BertConfig (2 layers, hidden 32)."""
     return dict(TINY)

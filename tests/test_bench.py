@@ -267,18 +267,12 @@ def test_gpu_checks_keep_their_record_after_every_check(tmp_path, monkeypatch):
     assert "compile" not in got and got["seconds"] >= 0
 
 
-def test_the_allocator_processes_run_pretrains_own_steps_and_agree(minilm_path, tmp_path, monkeypatch):
+def test_the_allocator_processes_run_pretrains_own_steps_and_agree(minilm_path, text_file, tmp_path, monkeypatch):
     """bench.py allocator: each fresh process (glibc's malloc, its tunables, jemalloc where installed) runs
     pretrain.py's own steps - their losses agree to the bit, and equal the per-step losses pretrain.py's run logs."""
     import checkpoint
     import pretrain
-    words = "the a man woman dog cat plays runs on in guitar piano park street red blue".split()
-    g = torch.Generator().manual_seed(0)
-    text = tmp_path / "text.txt"
-    lines = [" ".join(words[i] for i in torch.randint(len(words), (int(n),), generator=g).tolist())
-             for n in torch.randint(3, 12, (200,), generator=g)]
-    text.write_text("\n".join(lines) + "\n")
-    argv = ["--text", str(text), "--tokenizer", str(minilm_path), "--layers", "2", "--hidden", "32", "--heads", "2",
+    argv = ["--text", str(text_file), "--tokenizer", str(minilm_path), "--layers", "2", "--hidden", "32", "--heads", "2",
             "--batch-size", "8", "--dropout", "0.1", "--steps", "4", "--log-every", "1", "--threads", "1"]
     monkeypatch.setattr(checkpoint, "WEIGHTS", tmp_path / "weights")
     threads = torch.get_num_threads()

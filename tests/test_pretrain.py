@@ -15,17 +15,6 @@ SMALL = ["--layers", "2", "--hidden", "32", "--heads", "2", "--batch-size", "8",
 
 
 @pytest.fixture
-def text_file(tmp_path):
-    words = "the a man woman dog cat plays runs on in guitar piano park street red blue small big old new".split()
-    g = torch.Generator().manual_seed(0)
-    lines = [" ".join(words[i] for i in torch.randint(len(words), (int(n),), generator=g).tolist())
-             for n in torch.randint(3, 12, (300,), generator=g)]
-    f = tmp_path / "text.txt"
-    f.write_text("\n".join(lines) + "\n")
-    return f
-
-
-@pytest.fixture
 def weights(tmp_path, monkeypatch):
     monkeypatch.setattr(checkpoint, "WEIGHTS", tmp_path / "weights")
     return tmp_path / "weights"
