@@ -1287,7 +1287,9 @@ NO_DECAY = "dirty_decay_ms:-1,muzzy_decay_ms:-1"  # jemalloc keeps freed pages f
 def allocators(jemalloc):
     """The contenders: environment variables added to a child's, by name. glibc hands every block over its mmap
     threshold (at most 32 MiB) back to the kernel when freed, so a step's large tensors (the vocabulary logits and
-    their gradients) come back as fresh pages to fault in and zero; its tunables can keep them in the heap instead."""
+    their gradients) come back as fresh pages to fault in and zero; its tunables keep them in the heap instead, fast
+    in these short processes, but that heap fragments and grows in a long one until the kernel kills it (14.5 GiB,
+    14 minutes: results/README.md, the allocator). jemalloc never purging reuses its pages by size class."""
     out = {"glibc": {}, "glibc, no mmap, no trim": {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(2 ** 40)}}
     if jemalloc:
         out["jemalloc"] = {"LD_PRELOAD": jemalloc}
@@ -1370,6 +1372,8 @@ def bench_allocator(results, args):
     kind = cli.cpu_kind()
     print(f"  (cpu: {kind['model']}, {kind['capability']}; {torch.get_num_threads()} threads, fp32; median of "
           f"{args.repeats} fresh processes each, {args.alloc_steps} steps after 2; the losses agree to the bit)")
+    print("  (short processes: glibc's tunables' heap grows without bound in a long run; for pretrain.py use jemalloc, "
+          "no decay: results/README.md#the-allocator)")
     results["allocator"] = dict(rows=rows, steps=args.alloc_steps, repeats=args.repeats, cpu=kind,
                                 threads=torch.get_num_threads(), jemalloc=jemalloc, loss_sum=losses["glibc"])
 
