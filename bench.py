@@ -1349,9 +1349,10 @@ def bench_allocator(results, args):
     if jemalloc is None:
         print("  (no libjemalloc.so.2 found: its rows are left out; on Debian/Ubuntu: apt-get install libjemalloc2)")
     spec = json.dumps(dict(argv=argv, steps=args.alloc_steps, threads=torch.get_num_threads()))
-    runs = {name: [] for name in allocators(jemalloc)}
+    contenders = allocators(jemalloc)
+    runs = {name: [] for name in contenders}
     for _ in range(args.repeats):
-        for name, env in allocators(jemalloc).items():
+        for name, env in contenders.items():
             out = subprocess.run([sys.executable, os.path.abspath(__file__), "--alloc-child", spec],
                                  env={**os.environ, **env}, capture_output=True, text=True)
             if out.returncode:
@@ -1363,7 +1364,7 @@ def bench_allocator(results, args):
     rows = {name: dict(tokens_per_s=med(name, lambda r: r["tokens"] / r["seconds"]),
                        sys_share=med(name, lambda r: r["sys"] / max(r["user"] + r["sys"], 1e-9)),
                        faults_per_step=med(name, lambda r: r["minflt"] / args.alloc_steps),
-                       peak_rss_mb=med(name, lambda r: r["peak_rss_mb"]), env=allocators(jemalloc)[name])
+                       peak_rss_mb=med(name, lambda r: r["peak_rss_mb"]), env=contenders[name])
             for name in runs}
     for name, r in rows.items():
         r["speedup"] = r["tokens_per_s"] / rows["glibc"]["tokens_per_s"]
