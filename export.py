@@ -53,7 +53,7 @@ def export(src, out_dir, force=False):
     # no '.' or '..' as a folder name (the temp names are built from it); a symlinked OUT_DIR: its target folder is
     # replaced, the link stays a link (a swap of the link itself would leave the old folder behind under a temp name)
     out = Path(os.path.realpath(out_dir))
-    source = Path(src) if os.path.exists(src) else checkpoint.WEIGHTS / str(src)  # as checkpoint.resolve finds it
+    source = checkpoint.local_path(src)  # as checkpoint.resolve finds it
     if any(checkpoint.same_path(out, p) for p in (source, *Path(os.path.realpath(source)).parents)):
         raise LoadError(f"OUT_DIR {out_dir} is {src} or a folder holding it: replacing it would delete what it "
                         "exports (a model folder's pretrain.json, its MLM head); give another OUT_DIR")

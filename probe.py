@@ -84,7 +84,7 @@ def check_json(path, model):
         checkpoint.check_output(path, ".json")
     except LoadError as e:
         cli.die(f"--json {e}")
-    source = Path(model) if os.path.exists(model) else checkpoint.WEIGHTS / str(model)  # as checkpoint.resolve finds it
+    source = checkpoint.local_path(model)  # as checkpoint.resolve finds it
     try:
         files = [*source.iterdir()] if source.is_dir() else []  # by inode too: a hard link to its config.json
     except OSError:

@@ -1,0 +1,285 @@
+"""
+The project's own models, shipped in the repository (models/NAME/): put a pretrained folder there with its model card,
+and check a shipped model from a fresh clone against the records its README rows rest on.
+
+    python ship.py add raw-bert-mini-4            # weights/raw-bert-mini-4/ -> models/raw-bert-mini-4/ (+ README.md)
+    python ship.py check raw-bert-mini-4          # sha256, then [CLS], mean, whitening, SG-OPT seed 1 vs the records
+    python ship.py check raw-bert-mini-4 --quick  # sha256, [CLS] and mean pooling only (about a minute)
+
+A shipped folder is what pretrain.py wrote (config.json, model.safetensors, tokenizer.json, vocab.txt, pretrain.json)
+plus README.md, its model card, written here from pretrain.json and the records. `--model NAME` finds it before
+weights/ and the hub (checkpoint.resolve), and every load checks model.safetensors against the sha256 in pretrain.json
+(checkpoint.read_recorded): a damaged copy is one line, not a model that differs from its records.
+
+`check` re-runs the commands of a cheap subset of the model's rows (each exactly as its record ran it, through
+evaluate.py and train.py) and prints each figure beside its record with the difference. The records are found by the
+model's sha256 under results/ (every record names the weights it ran on), so a check never compares one model's
+scores with another's. Only the final model of a pretraining is shipped (an intermediate --keep-at folder is refused):
+the fp32 bytes its records name, and no optimizer state.
+"""
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import checkpoint
+import cli
+from cli import die
+
+CODE = Path(__file__).resolve().parent  # where evaluate.py and train.py are
+ROOT = CODE  # what the records' paths are shown relative to
+RESULTS = ROOT / "results"
+FILES = ("config.json", "model.safetensors", "tokenizer.json", "vocab.txt", "pretrain.json")  # what pretrain.py writes
+# the rows check re-runs: (label, the record's key (script, flags), the command's extra flags, quick?)
+ROWS = (
+    ("[CLS]", ("evaluate.py", "--pooling", "cls"), (), True),
+    ("mean", ("evaluate.py", "--pooling", "mean"), (), True),
+    ("whitening", ("train.py", "--loss", "whitening"), ("--eval-all",), False),
+    ("SG-OPT seed 1", ("train.py", "--seed", "1"), ("--eval-all",), False),
+)
+TOLERANCE = 0.01  # 7-task average, Spearman x100: the evaluation is deterministic, this is print rounding
+
+
+def get_args(argv=None):
+    p = argparse.ArgumentParser(description="Ship a pretrained model in models/NAME/ with its model card, or check a "
+                                "shipped one against its records.")
+    p.error = die
+    sub = p.add_subparsers(dest="cmd", required=True)
+    a = sub.add_parser("add", help="copy weights/NAME/ (or --src) into models/NAME/ and write its model card")
+    a.add_argument("name")
+    a.add_argument("--src", help="the model folder (default: weights/NAME/, $SG_WEIGHTS/NAME/)")
+    a.add_argument("--overwrite", action="store_true", help="replace an existing models/NAME/")
+    c = sub.add_parser("check", help="the shipped model's sha256, then its rows re-run beside their records")
+    c.add_argument("name")
+    c.add_argument("--quick", action="store_true", help="[CLS] and mean pooling only (no training)")
+    c.add_argument("--data-dir", help="data folder (default $SG_DATA, else ./data)")
+    c.add_argument("--threads", type=cli.at_least(1), default=2, help="torch threads of each run (default: 2)")
+    for s in (a, c):
+        s.error = die
+    return p.parse_args(argv)
+
+# -----------------------------------------------------------------------------
+# the records of a model
+
+
+def records_of(sha, root=None):
+    """Every run record under root made on the weights of this sha256: {(script, flags...): record}, the first found
+    in sorted path order for each key (copies of one run share a key and a result)."""
+    out = {}
+    for path in sorted((root or RESULTS).rglob("*.json")):
+        if path.name.startswith(".") or not (path.name in ("eval.json", "fit.json") or path.name.startswith("seed-")):
+            continue
+        try:
+            rec = json.loads(path.read_text(encoding="utf-8"))
+            if rec.get("model_sha256") != sha:
+                continue
+            _, (script, *flags), seed = json.loads(rec["key"])
+        except (ValueError, KeyError, TypeError, AttributeError):
+            continue  # not a run record (a results.json, a pretraining record)
+        key = (script, *flags) + (("--seed", str(seed)) if seed is not None and "--seed" not in flags else ())
+        out.setdefault(key, (path, rec))
+    return out
+
+
+def sts_avg(rec):
+    """A record's (or evaluate.py / train.py --json's) 7-task average, `all` protocol."""
+    sts = rec.get("sts") or rec.get("final", {}).get("sts") or {}
+    avg = sts.get("avg")
+    return avg.get("all") if isinstance(avg, dict) else avg
+
+
+def shipped(name):
+    folder = checkpoint.MODELS / name
+    if not (folder / "pretrain.json").is_file():
+        have = sorted(p.name for p in checkpoint.MODELS.glob("*/pretrain.json"))
+        die(f"models/{name}/ is not a shipped model (no pretrain.json); shipped: {', '.join(have) or 'none'}")
+    return folder, json.loads((folder / "pretrain.json").read_text(encoding="utf-8"))
+
+# -----------------------------------------------------------------------------
+# add
+
+
+def add(args):
+    src = Path(args.src) if args.src else checkpoint.WEIGHTS / args.name
+    missing = [f for f in FILES if not (src / f).is_file()]
+    if missing:
+        die(f"{src}: {', '.join(missing)} missing; ship a folder that pretrain.py wrote (config.json, "
+            "model.safetensors, tokenizer.json, vocab.txt, pretrain.json)")
+    rec = json.loads((src / "pretrain.json").read_text(encoding="utf-8"))
+    if rec.get("intermediate"):
+        i = rec["intermediate"]
+        die(f"{src} is the step-{i.get('step')} model of {i.get('of')}'s pretraining (--keep-at): ship only a final "
+            "model")
+    try:
+        checkpoint.read_recorded(src, src / "model.safetensors")  # the bytes its record names, or one line
+    except checkpoint.LoadError as e:
+        die(e)
+    dest = checkpoint.MODELS / args.name
+    if dest.exists() and not args.overwrite:
+        die(f"models/{args.name}/ exists: pass --overwrite to replace it")
+    tmp = checkpoint.temp_path(dest)
+    try:
+        tmp.mkdir(parents=True)
+        for f in FILES:
+            shutil.copyfile(src / f, tmp / f)
+        checkpoint.write_text(tmp / "README.md", card(args.name, rec, records_of(recorded(rec))))
+        old = checkpoint.temp_path(dest, "old")
+        if dest.exists():
+            dest.rename(old)
+        tmp.rename(dest)
+        shutil.rmtree(old, ignore_errors=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    size = sum((dest / f).stat().st_size for f in (*FILES, "README.md"))
+    print(f"models/{args.name}/: {size / 1e6:.1f} MB, model.safetensors sha256 {recorded(rec)}; commit it with "
+          f"git add models/{args.name}")
+
+
+def recorded(rec):
+    sha = rec.get("sha256")
+    return sha.get("model.safetensors") if isinstance(sha, dict) else sha
+
+
+def card(name, rec, rows):
+    """The model card: what the model is, how it was made, its text and their licences, its sha256, its rows here."""
+    a, held, text = rec["args"], rec.get("held_out", {}), rec.get("text", {})
+    hours = rec.get("train_seconds", 0) / 3600
+    cpu = rec.get("cpu") or {}
+    flags = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in a.items() if k in (
+        "layers", "hidden", "heads", "steps", "batch_size", "lr", "warmup", "dropout", "precision", "threads", "seed"))
+    lines = [f"# {name}", "",
+             f"A BERT pretrained from scratch by sgbert's pretrain.py, on a CPU, as the offline stand-in for "
+             f"bert-base-uncased: {a['layers']} layers, hidden {a['hidden']}, {a['heads']} heads (BERT-Mini's shape), "
+             f"masked LM only ({rec.get('no_nsp', 'no next-sentence prediction')}). Its vocabulary is "
+             f"bert-base-uncased's uncased WordPiece (taken from {text.get('tokenizer', a.get('tokenizer'))}). It is a raw "
+             "model, not a sentence encoder: the repository fine-tunes it with SG-OPT and its rivals.", "",
+             "| | |", "|---|---|",
+             f"| model.safetensors sha256 | `{recorded(rec)}` |",
+             f"| tokens seen | {rec.get('train_tokens_seen', 0):,} ({a['steps']:,} steps of {a['batch_size']} "
+             f"{'packed segments' if a.get('pack') else 'sentences'}) |",
+             f"| held-out masked LM | loss {held.get('mlm_loss', float('nan')):.4f}, accuracy "
+             f"{100 * (held.get('mlm_acc') or float('nan')):.2f}% ({held.get('sentences', 0):,} sentences) |",
+             f"| made on | {cpu.get('model', rec.get('device'))} ({cpu.get('capability', '')}), torch "
+             f"{rec.get('torch')}, {a.get('threads')} threads, {a.get('precision')}: {hours:.2f} h of training in "
+             f"{len(rec.get('parts', [])) or 1} part(s), code {rec.get('git')} |", "",
+             "## Its command", "", "```bash",
+             f"python corpus.py   # text/packages.txt: sha256 {first_file(text).get('sha256', '?')}",
+             f"python pretrain.py --name {a['name']} --add-text text/packages.txt {flags}"
+             + (" --pack" if a.get("pack") else ""), "```", "",
+             "The same command on the same CPU kind and thread count gives the same bytes (pretrain.py: the batches, "
+             "masks and float sums are fixed by the seed and the threads).", "",
+             "## Its text", "",
+             f"{text.get('train_sentences', 0):,} training sentences ({text.get('train_tokens', 0):,} tokens) and "
+             f"{text.get('held_out_sentences', 0):,} held out. Left out: {text.get('left_out', '?')}: no evaluation "
+             "sentence is in it.", "", "| source | package (registry, version) | licence | words |", "|---|---|---|---|"]
+    lines += [f"| {s['name']} | {s['package']} ({s['registry']}, {s['version']}) | {s['licence']} | {s['words']:,} |"
+              for s in first_file(text).get("built_by", {}).get("sources", [])]
+    lines += ["", "And the data folder's unlabelled sentences (its README and MANIFEST.tsv name each file's origin and "
+              "terms), less every evaluation sentence: " + ", ".join(
+                  f"{s['name']} {s['kept']:,}" for s in text.get("sources", []) if not s["name"].startswith("--add"))
+              + ".", "", "## Its rows here", "",
+              "The 7 STS tasks' average (Spearman x100, `all` protocol; mean +- std over seeds) of the runs made on "
+              "these exact weights: the records under results/ that name this sha256, each row with its command (S: "
+              f"a seed). `python ship.py check {name}` re-runs [CLS], mean, whitening and SG-OPT seed 1 beside them.",
+              "", "| row | n | avg | records | command |", "|---|---|---|---|---|"]
+    for (script, *flags), runs in grouped(rows).items():
+        avgs = [a for _, a in runs]
+        spread = f" +- {statistics.stdev(avgs):.2f}" if len(avgs) > 1 else ""
+        where = ", ".join(sorted({str(p.parent.relative_to(ROOT)) for p, _ in runs}))
+        seeded = " --seed S" if script == "train.py" and "--loss whitening" not in " ".join(flags) else ""
+        row = " ".join([script, *flags]) if flags else f"{script} (SG-OPT: its defaults)"
+        lines.append(f"| {row} | {len(avgs)} | {statistics.mean(avgs):.2f}{spread} | {where} | "
+                     f"`python {' '.join([script, '--model', name, *flags])}{seeded}` |")
+    return "\n".join(lines) + "\n"
+
+
+def grouped(rows):
+    """The records by row: {(script, flags without --seed): [(path, 7-task avg), ...]}, rows sorted by name."""
+    out = {}
+    for key, (path, rec) in sorted(rows.items(), key=lambda kv: str(kv[0])):
+        flags = list(key[1:])
+        if "--seed" in flags:
+            i = flags.index("--seed")
+            del flags[i:i + 2]
+        if sts_avg(rec) is not None:
+            out.setdefault((key[0], *flags), []).append((path, sts_avg(rec)))
+    return out
+
+
+def first_file(text):
+    return (text.get("files") or [{}])[0]
+
+
+def shown(command):
+    """A record's command without its own output paths (--json, --out): what a reader runs."""
+    out, skip = [], False
+    for x in command:
+        if skip:
+            skip = False
+        elif x in ("--json", "--out"):
+            skip = True
+        elif x != "--overwrite":
+            out.append(x)
+    return out
+
+# -----------------------------------------------------------------------------
+# check
+
+
+def check(args):
+    folder, rec = shipped(args.name)
+    want = recorded(rec)
+    try:
+        checkpoint.read_recorded(folder, folder / "model.safetensors")
+    except checkpoint.LoadError as e:
+        die(e)
+    print(f"models/{args.name}/model.safetensors: sha256 {want} (as its pretrain.json records) | {cli.cpu_kind()}")
+    rows, out = records_of(want), []
+    todo = [r for r in ROWS if r[3] or not args.quick]
+    if not any(r[1] in rows for r in todo):
+        die(f"no record under results/ names sha256 {want[:12]}...: nothing to check against")
+    with tempfile.TemporaryDirectory() as tmp:
+        for label, key, extra, _ in todo:
+            if key not in rows:
+                print(f"  {label:14s} no record of `{' '.join(key)}` on this model: skipped")
+                continue
+            path, r = rows[key]
+            got = rerun(args, key, extra, Path(tmp) / f"{len(out)}")
+            diff = got - sts_avg(r)
+            out.append(abs(diff) <= TOLERANCE)
+            print(f"  {label:14s} {got:6.2f}   record {sts_avg(r):6.2f} ({path.relative_to(ROOT)})   diff {diff:+.2f}",
+                  flush=True)
+    bad = out.count(False)
+    print(f"{len(out) - bad} of {len(out)} rows within {TOLERANCE} of their records" + (
+        "" if not bad else " (another CPU kind or torch can move a trained row; the untrained ones must match)"))
+    return 1 if bad else 0
+
+
+def rerun(args, key, extra, tmp):
+    """The record's command on the shipped model (script, flags), its --json read back: the 7-task average."""
+    script, *flags = key
+    res = tmp.with_suffix(".json")
+    cmd = [sys.executable, str(CODE / script), "--model", args.name, *flags, *extra, "--json", str(res)]
+    if script == "train.py":
+        cmd += ["--out", str(tmp.with_suffix(".safetensors"))]
+    if args.data_dir:
+        cmd += ["--data-dir", args.data_dir]
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
+    p = subprocess.run(cmd, cwd=CODE, env=env, capture_output=True, text=True)
+    if p.returncode != 0:
+        die(f"`{' '.join(cmd[1:])}` failed (exit {p.returncode}): {(p.stderr.strip().splitlines() or ['?'])[-1]}")
+    return sts_avg(json.loads(res.read_text(encoding="utf-8")))
+
+
+def main(argv=None):
+    args = get_args(argv)
+    return add(args) if args.cmd == "add" else check(args)
+
+
+if __name__ == "__main__":
+    sys.exit(cli.run(main, "ship.py"))

@@ -1,0 +1,176 @@
+"""ship.py and the shipped models' loading: models/NAME/ found before weights/, every load checked against the sha256
+its pretrain.json records (a damaged copy is one line), the model card, and `ship.py check` against records made by
+evaluate.py itself. The last tests run on the model the repository ships, when it ships one."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import checkpoint
+import pretrain
+import ship
+
+ROOT = Path(__file__).resolve().parents[1]
+SMALL = ["--layers", "2", "--hidden", "32", "--heads", "2", "--batch-size", "8", "--threads", "1", "--steps", "3"]
+SHIPPED = ROOT / "models" / "raw-bert-mini-4"
+
+
+@pytest.fixture
+def dirs(tmp_path, monkeypatch):
+    """Empty weights/ and models/ folders of the test's own (and their environment variables, for subprocesses)."""
+    w, m = tmp_path / "weights", tmp_path / "models"
+    monkeypatch.setattr(checkpoint, "WEIGHTS", w)
+    monkeypatch.setattr(checkpoint, "MODELS", m)
+    monkeypatch.setenv("SG_WEIGHTS", str(w))
+    monkeypatch.setenv("SG_MODELS", str(m))
+    return w, m
+
+
+@pytest.fixture
+def pretrained(minilm_path, text_file, dirs):
+    """A tiny model pretrain.py wrote in weights/tiny/ (3 steps), and its record."""
+    record = pretrain.main(["--name", "tiny", "--text", str(text_file), "--tokenizer", str(minilm_path), *SMALL])
+    return dirs[0] / "tiny", record
+
+
+def one_line_error(capsys, fn, *args):
+    with pytest.raises(SystemExit) as e:
+        fn(*args)
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and len(err.splitlines()) == 1, err
+    return err
+
+
+def test_a_shipped_model_is_found_by_name_before_weights(pretrained, dirs, minilm_path, text_file):
+    folder, record = pretrained
+    ship.main(["add", "tiny"])
+    shipped = dirs[1] / "tiny"
+    assert sorted(p.name for p in shipped.iterdir()) == sorted([*ship.FILES, "README.md"])
+    for f in ship.FILES:  # the bytes pretrain.py wrote, unchanged
+        assert (shipped / f).read_bytes() == (folder / f).read_bytes()
+    # another model of the same name in weights/: the shipped one still wins
+    pretrain.main(["--name", "tiny", "--text", str(text_file), "--tokenizer", str(minilm_path), *SMALL, "--seed", "2",
+                   "--overwrite"])
+    assert checkpoint.resolve("tiny") == shipped
+    ck = checkpoint.load("tiny")
+    assert ck.sha256 == record["sha256"]["model.safetensors"] == checkpoint.weights_sha256("tiny")
+    assert checkpoint.weights_sha256(folder) != ck.sha256
+
+
+@pytest.mark.parametrize("damage", ["flipped byte", "truncated", "lfs pointer"])
+def test_a_damaged_copy_is_refused_in_one_line(pretrained, dirs, capsys, damage):
+    import evaluate
+    ship.main(["add", "tiny"])
+    capsys.readouterr()
+    weights = dirs[1] / "tiny" / "model.safetensors"
+    data = weights.read_bytes()
+    if damage == "flipped byte":
+        data = data[:-5] + bytes([data[-5] ^ 1]) + data[-4:]
+    elif damage == "truncated":
+        data = data[:len(data) // 2]
+    else:
+        data = b"version https://git-lfs.github.com/spec/v1\noid sha256:abc\nsize 123\n"
+    weights.write_bytes(data)
+    err = one_line_error(capsys, evaluate.main, ["--model", "tiny", "--pooling", "cls"])
+    assert str(weights) in err and "git checkout -- models/tiny" in err
+    assert ("Git LFS pointer" in err) == (damage == "lfs pointer")
+    with pytest.raises(checkpoint.LoadError, match="sha256|pretrain.json"):
+        checkpoint.load("tiny")
+    assert "model.safetensors" in one_line_error(capsys, ship.main, ["check", "tiny", "--quick"])
+
+
+def test_a_weights_folder_with_a_record_is_checked_too(pretrained, capsys):
+    folder, _ = pretrained
+    data = (folder / "model.safetensors").read_bytes()
+    (folder / "model.safetensors").write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
+    with pytest.raises(checkpoint.LoadError, match="pretrain it again"):
+        checkpoint.load("tiny")
+
+
+def test_only_a_final_model_is_shipped_and_never_over_another(minilm_path, text_file, dirs, capsys):
+    pretrain.main(["--name", "tiny", "--text", str(text_file), "--tokenizer", str(minilm_path), *SMALL,
+                   "--keep-at", "2"])
+    assert "step-2 model of tiny" in one_line_error(capsys, ship.main, ["add", "tiny-step2"])
+    ship.main(["add", "tiny"])
+    assert "--overwrite" in one_line_error(capsys, ship.main, ["add", "tiny"])
+    (dirs[0] / "tiny" / "vocab.txt").unlink()
+    assert "vocab.txt missing" in one_line_error(capsys, ship.main, ["add", "tiny", "--overwrite"])
+    assert (dirs[1] / "tiny" / "vocab.txt").is_file(), "a refused add must leave the shipped copy as it was"
+
+
+def test_transformers_reads_a_shipped_folder(pretrained, dirs):
+    transformers = pytest.importorskip("transformers")
+    ship.main(["add", "tiny"])
+    model = transformers.BertForMaskedLM.from_pretrained(str(dirs[1] / "tiny"))
+    assert model.config.num_hidden_layers == 2 and model.cls.predictions.bias.shape == (30522,)
+
+
+def record(tmp, sha, key, command, avg):
+    """A record as sweep.py writes one: its key, command, the weights' sha256 and the 7-task average."""
+    tmp.parent.mkdir(parents=True, exist_ok=True)
+    tmp.write_text(json.dumps({"key": json.dumps(key), "command": command, "model_sha256": sha,
+                               "sts": {"avg": {"all": avg}}}))
+
+
+def test_the_card_says_what_the_model_is_and_its_rows(pretrained, tmp_path, monkeypatch):
+    folder, rec = pretrained
+    sha = rec["sha256"]["model.safetensors"]
+    results = tmp_path / "results"
+    monkeypatch.setattr(ship, "ROOT", tmp_path)
+    record(results / "a" / "cls" / "eval.json", sha, ["tiny", ["evaluate.py", "--pooling", "cls"], None],
+           ["evaluate.py", "--model", "tiny", "--pooling", "cls", "--json", "x"], 30.0)
+    for seed, avg in ((1, 40.0), (2, 42.0)):
+        record(results / "a" / "sg-opt" / f"seed-{seed}.json", sha, ["tiny", ["train.py", "--seed", str(seed)], seed],
+               ["train.py", "--model", "tiny", "--seed", str(seed)], avg)
+    record(results / "b" / "cls" / "eval.json", "0" * 64, ["tiny", ["evaluate.py", "--pooling", "cls"], None], [], 99.0)
+    rows = ship.records_of(sha, results)
+    text = ship.card("tiny", rec, rows)
+    assert sha in text and f"{rec['train_tokens_seen']:,}" in text and "masked LM only" in text
+    assert "python pretrain.py --name tiny" in text and f"{rec['text']['train_sentences']:,} training sentences" in text
+    assert "| evaluate.py --pooling cls | 1 | 30.00 | results/a/cls |" in text  # the other model's 99.0 is not there
+    assert "| train.py (SG-OPT: its defaults) | 2 | 41.00 +- 1.41 | results/a/sg-opt |" in text
+    assert "99.00" not in text
+
+
+@pytest.mark.slow
+def test_check_reruns_the_rows_beside_their_records(pretrained, dirs, shared_data, tmp_path, monkeypatch, capsys):
+    """Records made by evaluate.py itself on the shipped copy; check re-runs them: equal, exit 0; one record moved by
+    0.5: that row is reported off by -0.50 and the exit status is 1."""
+    ship.main(["add", "tiny"])
+    sha = checkpoint.load("tiny").sha256
+    results = tmp_path / "results"
+    monkeypatch.setattr(ship, "ROOT", tmp_path)
+    monkeypatch.setattr(ship, "RESULTS", results)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    for pooling in ("cls", "mean"):
+        out = tmp_path / f"{pooling}.json"
+        subprocess.run([sys.executable, str(ROOT / "evaluate.py"), "--model", "tiny", "--pooling", pooling, "--json",
+                        str(out)], check=True, env=env, cwd=ROOT, capture_output=True)
+        avg = json.loads(out.read_text())["sts"]["avg"]["all"]
+        record(results / pooling / "eval.json", sha, ["tiny", ["evaluate.py", "--pooling", pooling], None],
+               ["evaluate.py", "--model", "tiny", "--pooling", pooling], avg + (0.5 if pooling == "mean" else 0))
+    capsys.readouterr()
+    assert ship.main(["check", "tiny", "--quick", "--threads", "1"]) == 1
+    out = capsys.readouterr().out
+    assert "diff +0.00" in out and "diff -0.50" in out and "1 of 2 rows within 0.01" in out
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not SHIPPED.is_dir(), reason="the repository ships no models/raw-bert-mini-4/ yet")
+def test_the_shipped_raw_model_gives_its_recorded_untrained_rows(shared_data):
+    """The fresh clone's promise: [CLS] and mean pooling of the shipped raw-bert-mini-4 equal their records to 0.01,
+    with no pretraining and no network."""
+    p = subprocess.run([sys.executable, str(ROOT / "ship.py"), "check", "raw-bert-mini-4", "--quick"], cwd=ROOT,
+                       capture_output=True, text=True)
+    assert p.returncode == 0 and "2 of 2 rows within 0.01" in p.stdout, p.stdout + p.stderr
+
+
+@pytest.mark.skipif(not SHIPPED.is_dir(), reason="the repository ships no models/raw-bert-mini-4/ yet")
+def test_the_shipped_raw_model_is_its_recorded_bytes_and_a_bert_for_masked_lm():
+    transformers = pytest.importorskip("transformers")
+    rec = json.loads((SHIPPED / "pretrain.json").read_text())
+    assert checkpoint.file_sha256(SHIPPED / "model.safetensors") == rec["sha256"]["model.safetensors"]
+    assert transformers.BertForMaskedLM.from_pretrained(str(SHIPPED)).config.hidden_size == 256
