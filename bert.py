@@ -211,6 +211,7 @@ class Bert(nn.Module):
         """The model of what checkpoint.load read: its config, its tensors through the key map below. Eval mode."""
         model = cls(config_of(ck))
         model.load_tensors(ck.tensors, ck.weights)
+        model.pooling = ck.meta.get("pooling")  # what encode pools with by default; None for a model folder
         return model.eval()
 
     def load_tensors(self, tensors, path):
@@ -433,16 +434,25 @@ def bf16_products(precision, device_type):
     return Bf16Products() if emulate else contextlib.nullcontext()
 
 
-def encode(model, tokenizer, sentences, pooling="cls", layer=-1, batch_size=64, dropout=False, progress=None,
+def encode(model, tokenizer, sentences, pooling=None, layer=-1, batch_size=64, dropout=False, progress=None,
            precision="fp32"):
     """Embed sentences: numpy float32 (n, H), in input order. Batches hold sentences of similar length,
     which cuts the padding (and the time) several-fold on real data. pooling: a name of POOLINGS, or a function
-    (hidden_states, attention_mask) -> (B, H) such as WK pooling (wk.py). dropout: BERT's dropout stays on
+    (hidden_states, attention_mask) -> (B, H) such as WK pooling (wk.py); None (the default): the pooling the
+    checkpoint records (META 'pooling': the one its method is evaluated with, e.g. 'mean' for sg-opt-mean) for a
+    model read from a checkpoint written by train.py, else 'cls'. A recorded fitted transform (whitening, flow) is
+    not applied here, nor PromptBERT's template: evaluate.sentence_vectors does both. dropout: BERT's dropout stays on
     (BERT-flow's code fits its flow on vectors made so). progress(done, total): called after each batch.
     precision: fp32 (the exact numbers), or bf16: the matrix products in bfloat16 (autocast; the embeddings, the
     residual stream, LayerNorm, the pooling and the vectors stay fp32), faster only on a CPU with bf16 matrix
     instructions (AVX512-BF16, AMX) or a GPU; on a CPU without, its products are emulated at about fp32's speed
     (Bf16Products)."""
+    if pooling is None:
+        pooling = getattr(model, "pooling", None) or "cls"  # Bert.from_checkpoint: the checkpoint's recorded pooling
+    if pooling == "prompt":
+        raise ValueError("this checkpoint's sentence vector is PromptBERT's [MASK] vector of a template around the "
+                         "sentence, which encode cannot make: use evaluate.sentence_vectors(model, tokenizer, "
+                         "'prompt', template=...), or pass another pooling")
     return encode_many(model, tokenizer, sentences, [(pooling, layer)], batch_size, dropout, progress,
                        precision=precision)[pooling, layer]
 

@@ -484,3 +484,25 @@ def test_bf16_products_are_held_only_for_bf16_on_a_cpu_without_a_bf16_unit(monke
     assert not isinstance(bert.bf16_products("bf16", "cuda"), bert.Bf16Products)
     monkeypatch.setattr(cli, "cpu_kind", lambda: {"model": "Xeon", "capability": "AVX512", "bf16_unit": True})
     assert not isinstance(bert.bf16_products("bf16", "cpu"), bert.Bf16Products)
+
+
+def test_encode_pools_as_the_checkpoint_records_by_default(tmp_path):
+    """encode without a pooling: the pooling a checkpoint's metadata records (what its method is evaluated with, as
+    the README promises), 'cls' for a model folder or a checkpoint that records none; an explicit pooling wins; a
+    PromptBERT checkpoint (its vector needs the template) is one clear error, never [CLS] vectors in its place."""
+    from conftest import tiny_model_folder
+    folder = tiny_model_folder(tmp_path / "tiny", words=["a", "man", "plays", "guitar", "."])
+    base, tok = Bert.from_pretrained(folder), load_tokenizer(folder)
+    sents = ["a man plays guitar .", "a man .", "guitar ."]
+    cls_v, mean_v = encode(base, tok, sents, "cls"), encode(base, tok, sents, "mean")
+    assert not np.allclose(cls_v, mean_v)
+    assert np.array_equal(encode(base, tok, sents), cls_v)  # a folder records no pooling
+    for pooling, want in [("mean", mean_v), ("cls", cls_v), (None, cls_v)]:
+        path = tmp_path / f"{pooling}.safetensors"
+        save_model(path, base, {"tokenizer": tok.to_str(), **({"pooling": pooling} if pooling else {})})
+        model = Bert.from_pretrained(path)
+        assert np.array_equal(encode(model, load_tokenizer(path), sents), want), pooling
+    assert np.array_equal(encode(Bert.from_pretrained(tmp_path / "mean.safetensors"), tok, sents, "cls"), cls_v)
+    save_model(tmp_path / "prompt.safetensors", base, {"pooling": "prompt", "template": 'It : "[X]" means [MASK] .'})
+    with pytest.raises(ValueError, match="evaluate.sentence_vectors"):
+        encode(Bert.from_pretrained(tmp_path / "prompt.safetensors"), tok, sents)
