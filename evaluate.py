@@ -661,7 +661,7 @@ def main(argv=None):
                    **run_tasks(args, model, tokenizer, data_dir, transform)}
     except DataError as e:
         die(e)
-    report(args, results, name, device)
+    report(args, results, cli.model_name(args.ckpt or args.model), device)  # the tables' header: the model's real name
     if args.pairs_out:
         save(args.pairs_out, lambda path: write_pairs(path, results["pairs"]),
              f"{len(results['pairs'])} pairs with their cosines")

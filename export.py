@@ -66,7 +66,8 @@ def export(src, out_dir, force=False):
             raise FileExistsError(f"{out} is not empty; pass --force to replace it")
         ck = checkpoint.load(src)  # the one read of it
         path, ours = ck.path, ck.path == ck.weights  # ours: a .safetensors checkpoint, not a model folder
-        meta = ck.meta if ours else {"base_model": checkpoint.display_name(src)}
+        base = base_name(ck.meta) if ours else cli.model_name(src)
+        meta = {**(ck.meta if ours else {}), **({"base_model": base} if base else {})}
         if ours:  # its pooling, template and transform as evaluate.py checks them
             from evaluate import check_metadata
             check_metadata(ck)
@@ -226,6 +227,16 @@ POOLING_WORDS = {"cls": "the last layer's [CLS] token", "mean": "the mean of the
                  "first-last": "the mean over the tokens of layer 1 and of the last layer, averaged"}
 
 
+def base_name(meta):
+    """The base model of a checkpoint by its real name: the one its metadata records ('base_model'), unless that is
+    a package's data folder ('model': train.py records a folder by its own name), then cli.model_name of the path it
+    was trained from (args 'model': the packaged MiniLM's `.../model` is all-MiniLM-L6-v2); None when neither says."""
+    base, given = meta.get("base_model"), (meta.get("args") or {}).get("model")
+    if given and (not base or base.lower() in cli.GENERIC_FOLDERS):
+        return cli.model_name(given)
+    return base
+
+
 def export_readme(name, meta, args, best, cfg, max_len, pooling="cls", st_pooling="cls"):
     trained = f"trained with SG-BERT (self-guided contrastive learning, Kim et al., ACL 2021) from " \
         f"`{meta.get('base_model', 'an unknown base model')}`" if args else \
@@ -239,7 +250,7 @@ def export_readme(name, meta, args, best, cfg, max_len, pooling="cls", st_poolin
                   "last layer instead, which is a different vector from the one this model was selected and evaluated "
                   "with. Use sgbert's `encode` (below) for the evaluated vector.", ""]
     if args:
-        base = meta.get("base_model")  # its recorded name, not the last folder of the path 'model' (.../model)
+        base = meta.get("base_model")  # its real name (base_name), not the last folder of the path (.../model)
         shown = {k: base if k == "model" and base else checkpoint.display_name(v) if k in PATHS and v else v
                  for k, v in args.items()}
         lines += ["## Training", "", f"- loss: `{args.get('loss', '?')}`",

@@ -33,7 +33,7 @@ from pathlib import Path
 import data
 from checkpoint import (LoadError, OutputLocked, display_name, file_sha256, output_lock, weights_sha256, write_json,
                         write_text)
-from cli import die
+from cli import die, model_name
 from report import bad_record_line, get, needs, number, read_record, report, setting
 
 ROOT = Path(__file__).resolve().parent  # where train.py and evaluate.py are
@@ -246,9 +246,11 @@ def hashes(cmd):
 
 
 def shown(cmd):
-    """A command as a record shows it: the script's name, the model by its own name, never this machine's paths."""
+    """A command as a log and a record show it: the script's name, the model by its own name (cli.model_name: the
+    packaged MiniLM's folder `.../model` as all-MiniLM-L6-v2), never this machine's paths. Only shown: a run's
+    identity (RunKey) names the model as display_name does."""
     out = [Path(cmd[1]).name, *cmd[2:]]
-    return [display_name(x) if i and out[i - 1] == "--model" else x for i, x in enumerate(out)]
+    return [model_name(x) if i and out[i - 1] == "--model" else x for i, x in enumerate(out)]
 
 
 def run_child(cmd, log):

