@@ -252,16 +252,27 @@ def tensors(run, tokenizer, sentences):
     return bert.batch_tensors(tokenizer.encode_batch(sentences), raw(run.bert_T).config.pad_token_id, run.device)
 
 
+def eta_seconds(step, total, eval_every, seconds_per_step, seconds_per_eval):
+    """What is left of the run after `step` steps, at the log line (before that step's evaluation): the steps to
+    `total` at seconds_per_step, and the dev evaluations still to come (each step in step..total that is a multiple of
+    eval_every, and the last step) at seconds_per_eval each, as long as the ones so far took. An early stop ends
+    sooner; the final report on the best checkpoint (STS-B dev and test) comes after."""
+    evals = total // eval_every - (step - 1) // eval_every + (total % eval_every != 0)
+    return (total - step) * seconds_per_step + evals * seconds_per_eval
+
+
 def train_loop(run, keeper):
     """Steps, a log line after step 1 and every --log-every steps, a dev evaluation at step 0, every --eval-every
     steps and at the last step, the best checkpoint kept, early stop. Returns (why it stopped early or None, stats)."""
     cfg = run.cfg
-    stats = dict(history=[], scores=[], step=0, t_start=time.time(), train_seconds=0.0)
+    stats = dict(history=[], scores=[], step=0, t_start=time.time(), train_seconds=0.0, eval_seconds=[])
     data_iter = itertools.repeat(next(batches(run))) if cfg.overfit_batch else batches(run)
     stop, step = None, 0
     try:
+        t_eval = time.perf_counter()
         evaluation(run, keeper, stats, 0)
         t_mark, mark = time.perf_counter(), 0  # the training time since the last log line or evaluation
+        stats["eval_seconds"].append(t_mark - t_eval)
         while step < run.total and not stop:
             loss, reg, norm, lr = train_step(run, step, *inputs(run, *next(data_iter)))
             step = stats["step"] = step + 1
@@ -274,15 +285,18 @@ def train_loop(run, keeper):
                 if not math.isfinite(loss_v):
                     stop = f"non-finite loss {loss_v} at step {step}"
                     break
-                eta = (run.total - step) * stats["train_seconds"] / step
+                eta = eta_seconds(step, run.total, cfg.eval_every, stats["train_seconds"] / step,
+                                  sum(stats["eval_seconds"]) / len(stats["eval_seconds"]))
                 print(f"step {step}/{run.total} | loss {loss_v:.4f} | reg {reg.item():.2e} | norm {norm.item():.2f} "
                       f"| lr {lr:.2e} | {1000 * dt:.0f} ms/step | {cfg.batch_size / dt:.0f} sent/s | ETA {eta / 60:.1f} min",
                       flush=True)
             if step % cfg.eval_every == 0 or step == run.total:
                 sync(run.device)
-                stats["train_seconds"] += time.perf_counter() - t_mark  # the steps since the last log line
+                t_eval = time.perf_counter()
+                stats["train_seconds"] += t_eval - t_mark  # the steps since the last log line
                 stop = evaluation(run, keeper, stats, step)
                 t_mark, mark = time.perf_counter(), step  # the next log line times training steps, not this evaluation
+                stats["eval_seconds"].append(t_mark - t_eval)
     except KeyboardInterrupt:
         if keeper:
             print(f"train.py: interrupted at step {step}; {keeper.kept()}", file=sys.stderr)
