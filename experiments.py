@@ -388,16 +388,28 @@ def check_curve(args, extra):
     out = args.json or (Path(args.plot).with_suffix(".json") if args.plot else None)
     if out is None:
         return None
-    try:
-        check_output(out, ".json")
-    except LoadError as e:
-        die(f"--json {e}")
+    check_curve_outputs(args, out)
+    return out
+
+
+def check_curve_outputs(args, out):
+    """report-curve's table files, out (.json) and the .md beside it, both checked before any is written: each a file
+    name in a folder we can write to, neither a file it reads nor the --plot."""
+    what = f"--json {out}" if args.json else f"--plot {args.plot} (its table goes to {out} and a .md beside it)"
+    md = Path(out).with_suffix(".md")
+    for path, suffix in ((out, ".json"), (md, ".md")):
+        try:
+            check_output(path, suffix)
+        except LoadError as e:
+            die(f"{what}: {e}" if path == out else f"{what}: the .md beside it, {str(e).split(';')[0]}; choose "
+                "another name or move it away")
     read = [p for d in args.name for p in (Path(d) / "pretrain" / "pretrain.json",
                                            *[q for f in CURVE_FOLDERS for q in Path(d).glob(f"{f}/*/*.json")])]
-    mine = next((p for p in read if same_path(p, out)), None)
+    read += [Path(args.plot)] if args.plot else []
+    mine = next(((o, p) for o in (out, md) for p in read if same_path(p, o)), None)
     if mine:
-        die(f"--json {out} is {mine}, which report-curve reads: choose another file")
-    return out
+        verb = "draws" if args.plot and same_path(mine[1], args.plot) else "reads"
+        die(f"{what}: {mine[0]} is {mine[1]}, which report-curve {verb}: choose another file")
 
 
 def curve(args, extra):
@@ -409,6 +421,9 @@ def curve(args, extra):
         models = report_curve(exp, args.name, seeds, out, args.plot)
     except LoadError as e:
         die(e)
+    except OSError as e:  # e.g. a full disk: the pair is left as it was (checkpoint.write_pair)
+        die(f"cannot write {e.filename or out} ({e.strerror or e}); the table above is complete: free some space and "
+            "run the same command again", code=1)
     if models is None:
         die(f"no finished runs of the curve's rows in {', '.join(args.name)} ({'/, '.join(CURVE_FOLDERS)}/): "
             "are the folders right?", code=1)

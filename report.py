@@ -9,6 +9,7 @@ holding every number its experiment's tables need (needs); any other is named wi
 averages the runs of one setting only (setting: its key but the seed, and the sha256 of its base weights and --data
 file): the sweep's own, or else the one most of the row's runs share; a run of another setting is named and left out.
 """
+import hashlib
 import json
 import math
 import os
@@ -19,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 import data
-from checkpoint import LoadError, atomic_write, display_name, write_json, write_text
+from checkpoint import LoadError, atomic_write, display_name, write_json, write_pair, write_text
 from data import SHORT, TASKS
 
 RECORD = re.compile(r"(seed-\d+|eval|fit)\.json")  # never the hidden files of runs in flight (.seed-1.result.json)
@@ -398,23 +399,67 @@ LABELS = {"cls": "[CLS]", "mean": "mean", "whitening": "whitening", "sg-opt": "S
 
 def pretraining(out):
     """The model a results folder holds the runs of, from its pretraining record out/pretrain/pretrain.json:
-    {out, name, sha256, train_tokens_seen, mlm_acc (held out)}. LoadError naming the file and what to do when it is
-    missing or lacks one of them."""
+    {out, name, run, identity, sha256, train_tokens_seen, mlm_acc (held out; None: unmeasured, the text held no
+    sentence out)}. LoadError naming the file and what to do when it is missing or lacks one of them."""
     path = Path(out) / "pretrain" / "pretrain.json"
     if not path.is_file():
         raise LoadError(f"{path} not found: copy the model's pretraining record there (pretrain.py writes it as "
                         "weights/<name>/pretrain.json beside its model.safetensors)")
-    rec, why = read_record(path, [("train_tokens_seen",), ("held_out", "mlm_acc")])
-    sha = get(rec, "sha256", "model.safetensors")
-    if rec is not None and not (isinstance(sha, str) and re.fullmatch(r"[0-9a-f]{64}", sha)):
+    rec, why = read_record(path, [("train_tokens_seen",)])
+    sha, held = get(rec, "sha256", "model.safetensors"), get(rec, "held_out")
+    if rec is not None and not (isinstance(held, dict) and "mlm_acc" in held):
+        why = "'held_out/mlm_acc' is missing"
+    elif rec is not None and not (number(held["mlm_acc"]) or held["mlm_acc"] is None):  # null: pretrain.py's "none"
+        why = f"'held_out/mlm_acc' is not a number or null ({held['mlm_acc']!r})"
+    elif rec is not None and not (isinstance(sha, str) and re.fullmatch(r"[0-9a-f]{64}", sha)):
         why = "'sha256/model.safetensors' is missing or not a sha256"
     if why:
         raise LoadError(f"{path}: {why}; copy the model's own pretrain.json there again")
     step = rec.get("intermediate") if isinstance(rec.get("intermediate"), dict) else {}
     name = f"{step.get('of')}-step{step.get('step')}" if step else get(rec, "args", "name") or Path(out).name
     run = step.get("of") if step else name  # the pretraining run it is from: its --keep-at folders are one run's
-    return {"out": str(out), "name": name, "run": run, "sha256": sha, "train_tokens_seen": rec["train_tokens_seen"],
-            "mlm_acc": rec["held_out"]["mlm_acc"]}
+    return {"out": str(out), "name": name, "run": run, "identity": run_identity(rec, run), "sha256": sha,
+            "train_tokens_seen": rec["train_tokens_seen"], "mlm_acc": held["mlm_acc"]}
+
+
+def run_identity(rec, run):
+    """The pretraining run a model is from, as pretrain.py's identity() has it: the flags and the text's sha256 that
+    make its result ({key: value}, None for a key an older record lacks), its name the run's. A run's --keep-at
+    folders and its final one share it; two runs of one name at two --lr do not. (Imported here: pretrain.py loads
+    torch, which the tables need not.)"""
+    from pretrain import STATE_KEYS
+    args = rec.get("args") if isinstance(rec.get("args"), dict) else {}
+    return {**{k: args.get(k) for k in (*STATE_KEYS, "text_sha256")}, "name": run}
+
+
+def same_model(m, other):
+    """Two records of one sha256 (one model through two folders) must agree on what the model is; else LoadError."""
+    keys = ("train_tokens_seen", "mlm_acc", "identity")
+    if any(m[k] != other[k] for k in keys):
+        k = next(k for k in keys if m[k] != other[k])
+        a, b = (Path(x["out"]) / "pretrain" / "pretrain.json" for x in (other, m))
+        raise LoadError(f"{a} and {b} name the same weights (sha256 {m['sha256'][:16]}...) but differ in {k}: one of "
+                        "them is not that model's own record; copy the model's own pretrain.json there again")
+
+
+def label_runs(models):
+    """Each model's run as the figure's legend and the table name it: its name, or where runs of one name differ,
+    the name and the flags that tell them apart ("r1 (lr 0.001)"), so that a label is one run (one identity)."""
+    ids = {}
+    for m in models:
+        ids.setdefault(m["run"], {})[json.dumps(m["identity"])] = m["identity"]
+    for m in models:
+        group = list(ids[m["run"]].values())
+        if len(group) > 1:
+            keys = [k for k in m["identity"] if len({json.dumps(i[k]) for i in group}) > 1]
+            suffix = ", ".join(f"{k} {shown_value(m['identity'][k])}" for k in keys)
+            m["run"], m["name"] = f"{m['run']} ({suffix})", f"{m['name']} ({suffix})"
+
+
+def shown_value(x):
+    if isinstance(x, float):
+        return f"{x:g}"
+    return f"{x[:8]}..." if isinstance(x, str) and len(x) == 64 else str(x)
 
 
 def curve_row(exp, v, out, sha, seeds=None):
@@ -444,23 +489,40 @@ def curve_row(exp, v, out, sha, seeds=None):
     return None, [], bad
 
 
-def curve(exp, outs, seeds):
-    """The models of the results folders outs, sorted by tokens seen, each with its rows {variant: {avg: [mean, std],
-    n, seeds, runs: folder/variant}} (the 7-task average, `all`), and [(path, why)] of the runs left out.
-    seeds: {variant: the seeds its row averages, or None for all}."""
-    models, bad = [], []
+def curve_models(outs):
+    """The models of the results folders outs, one a sha256 (a model through two folders is one, its folders in
+    'outs', the first in 'out'), each run labelled (label_runs)."""
+    models = {}
     for out in outs:
-        m = {**pretraining(out), "rows": {}}
+        m = pretraining(out)
+        if m["sha256"] in models:
+            same_model(models[m["sha256"]], m)
+            models[m["sha256"]]["outs"].append(m["out"])
+        else:
+            models[m["sha256"]] = {**m, "outs": [m["out"]], "rows": {}}
+    label_runs(list(models.values()))
+    return list(models.values())
+
+
+def curve(exp, outs, seeds):
+    """The models of the results folders outs (curve_models), sorted by tokens seen, each with its rows {variant:
+    {avg: [mean, std], n, seeds, runs: folder/variant}} (the 7-task average, `all`; a row from the first of the
+    model's folders that has runs of it, never a mix of two: runs then names the folder when it is not the first),
+    and [(path, why)] of the runs left out. seeds: {variant: the seeds its row averages, or None for all}."""
+    models, bad = curve_models(outs), []
+    for m in models:
         for v in exp.variants:
-            folder, recs, left = curve_row(exp, v, out, m["sha256"], seeds.get(v.name))
-            bad += left
-            if recs:
-                m["rows"][v.name] = {"avg": ms([r["sts"]["avg"]["all"] for r in recs]), "n": len(recs),
-                                     "seeds": [r.get("seed") for r in recs], "runs": f"{folder}/{v.name}"}
+            for out in m["outs"]:
+                folder, recs, left = curve_row(exp, v, out, m["sha256"], seeds.get(v.name))
+                bad += left
+                if recs:
+                    where = f"{folder}/{v.name}" if out == m["out"] else f"{Path(out) / folder / v.name}"
+                    m["rows"][v.name] = {"avg": ms([r["sts"]["avg"]["all"] for r in recs]), "n": len(recs),
+                                         "seeds": [r.get("seed") for r in recs], "runs": where}
+                    break
         for v, ref in exp.drops.items():
             if v in m["rows"] and ref in m["rows"]:
                 m[f"{v} - {ref}"] = m["rows"][v]["avg"][0] - m["rows"][ref]["avg"][0]
-        models.append(m)
     return sorted(models, key=lambda m: m["train_tokens_seen"]), bad
 
 
@@ -481,25 +543,28 @@ def curve_table(exp, models, bad):
         cells = [f"{cell(c['avg'], c['n'])} ({c['n']})" if (c := m["rows"].get(r)) else "" for r in rows]
         gains = [f"{m[f'{v} - {ref}']:+.2f}" if f"{v} - {ref}" in m else "" for v, ref in drops]
         tokens = f"{m['train_tokens_seen'] / 1e6:,.2f}M"
-        lines.append([m["name"], tokens, f"{100 * m['mlm_acc']:.2f}%", *cells, *gains])
+        acc = "n/a" if m["mlm_acc"] is None else f"{100 * m['mlm_acc']:.2f}%"  # None: no sentence held out
+        lines.append([m["name"], tokens, acc, *cells, *gains])
     paper = {v.name: v.paper.get("BERT-base", "") for v in exp.variants}
     ref = {v.name: paper_figure(v) for v in exp.variants}
     lines.append(["BERT-base (the paper)", "", "", *[paper[r] for r in rows], *[
         f"{ref[v] - ref[r]:+.2f}" if ref[v] is not None and ref[r] is not None else "" for v, r in drops]])
-    where = [[m["name"], m["out"], f"{m['sha256'][:16]}...", *[
+    where = [[m["name"], ", ".join(m["outs"]), f"{m['sha256'][:16]}...", *[
         f"{c['runs']}" + (f": {' '.join(map(str, c['seeds']))}" if c["seeds"] != [None] else "")
         if (c := m["rows"].get(r)) else "" for r in rows]] for m in models]
     text = [f"## curve: {exp.title}", "", "The 7 STS tasks' average (Spearman x100, `all` protocol), mean +- std over "
-            "seeds (n); a line a model, by tokens seen in pretraining; MLM acc: held-out masked-token accuracy. "
-            + exp.note, "", *table(head, lines), "", "Where each cell's runs are (results folder, then folder/row: "
+            "seeds (n); a line a model (its weights' sha256), by tokens seen in pretraining; MLM acc: held-out "
+            "masked-token accuracy (n/a: its text held no sentence out). " + exp.note, "", *table(head, lines), "",
+            "Where each cell's runs are (results folder, then folder/row: "
             f"seeds; the first of {', '.join(f'{f}/' for f in CURVE_FOLDERS)} that has runs of the model's weights):",
             "", *table(["model", "results folder", "sha256", *[LABELS.get(r, r) for r in rows]], where)]
     return text + ([""] + [f"Left out: {p} ({why})" for p, why in bad] if bad else [])
 
 
 def report_curve(exp, outs, seeds, json_path=None, plot=None):
-    """Print the curve's table and write it as json_path and a .md beside (when given), and the figure (plot).
-    Returns the models (curve), or None when no model has a finished run of any row."""
+    """Print the curve's table and write it as json_path and a .md beside (when given: a pair, the .json last, naming
+    the .md's sha256; both checked by the caller before), and the figure (plot). Returns the models (curve), or None
+    when no model has a finished run of any row."""
     models, bad = curve(exp, outs, seeds)
     for path, why in bad:
         print(bad_record_line(path, why), file=sys.stderr, flush=True)
@@ -508,19 +573,21 @@ def report_curve(exp, outs, seeds, json_path=None, plot=None):
     text = "\n".join(curve_table(exp, models, bad)) + "\n"
     say(text)
     if json_path:
-        write_json(json_path, {"experiment": "curve", "title": exp.title, "seeds": seeds, "models": models,
-                               "paper": {v.name: paper_figure(v) for v in exp.variants},
-                               "left_out": [[str(p), why] for p, why in bad]})
-        write_text(Path(json_path).with_suffix(".md"), text)
-        print(f"written to {json_path} and {Path(json_path).with_suffix('.md')}")
+        md = Path(json_path).with_suffix(".md")
+        write_pair(md, text, json_path, {
+            "experiment": "curve", "title": exp.title, "seeds": seeds, "models": models,
+            "paper": {v.name: paper_figure(v) for v in exp.variants}, "left_out": [[str(p), why] for p, why in bad],
+            "md_sha256": hashlib.sha256(text.encode("utf-8")).hexdigest()})
+        print(f"written to {json_path} and {md}")
     if plot:
         plot_curve(exp, models, plot)
     return models
 
 
 def curve_series(exp, models):
-    """The figure's series: [(variant, run, [(tokens seen, mean, std)])], one per row and pretraining run, the points
-    by tokens seen. A run's --keep-at folders are one line; models of other runs (other recipes) are not joined."""
+    """The figure's series: [(variant, run, [(tokens seen, mean, std)])], one per row and pretraining run (its label:
+    one a run identity, label_runs), the points by tokens seen. A run's --keep-at folders are one line; models of
+    other runs (other recipes, even of the same name) are not joined."""
     runs = list(dict.fromkeys(m["run"] for m in models))
     return [(v.name, run, pts) for v in exp.variants for run in runs
             if (pts := sorted((m["train_tokens_seen"], *m["rows"][v.name]["avg"]) for m in models

@@ -925,9 +925,10 @@ def test_a_checkpoint_replaced_beside_its_record_is_not_taken_for_its_run(fake, 
 # the curve: report-curve over several models' results folders, by tokens seen
 
 
-def pretrain_json(out, name, tokens, acc, sha, step=None):
-    """A model's pretraining record as pretrain.py writes it (the keys report-curve reads, and a few more)."""
-    rec = dict(args=dict(name=name, layers=4, hidden=256), train_tokens_seen=tokens, train_seconds=60.0,
+def pretrain_json(out, name, tokens, acc, sha, step=None, **args):
+    """A model's pretraining record as pretrain.py writes it (the keys report-curve reads, and a few more); args: more
+    of its flags (e.g. lr=1e-3)."""
+    rec = dict(args=dict(name=name, layers=4, hidden=256, **args), train_tokens_seen=tokens, train_seconds=60.0,
                held_out=dict(sentences=968, masked_tokens=2066, mlm_loss=5.0, mlm_acc=acc),
                sha256={"model.safetensors": sha, "tokenizer.json": "1c" * 32})
     if step:
@@ -1124,3 +1125,90 @@ def test_report_curve_plot(tmp_path, capsys):
     assert json.loads((tmp_path / "curve.json").read_text())["models"][0]["name"] == "early"  # beside the figure
     assert (tmp_path / "curve.md").read_text().startswith("## curve: ")
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".curve")]  # written atomically: no temp left
+
+
+def test_a_model_whose_text_held_no_sentence_out_is_shown_unmeasured(tmp_path, capsys):
+    """pretrain.py writes held_out.mlm_acc null when its text held no sentence out (a small text): report-curve shows
+    the model, its MLM accuracy as n/a; a value that is neither a number nor null is still refused."""
+    out, sha = tmp_path / "small", "ab" * 32
+    pretrain_json(out, "small", 2_000_000, None, sha)
+    curve_run(out / "curve/cls/eval.json", 40.0, sha)
+    js = tmp_path / "c.json"
+    models = experiments.main(["report-curve", str(out), "--json", str(js)])
+    assert models[0]["mlm_acc"] is None and json.loads(js.read_text())["models"][0]["mlm_acc"] is None
+    assert "| small | 2.00M | n/a | 40.00 (1) |" in js.with_suffix(".md").read_text()
+    pretrain_json(out, "small", 2_000_000, "0.3", sha)
+    with pytest.raises(SystemExit) as e:
+        experiments.main(["report-curve", str(out)])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "'held_out/mlm_acc' is not a number or null" in err, err
+
+
+def test_one_model_through_two_folders_is_one_model(tmp_path, capsys):
+    """A model is its weights' sha256: two folders of one model (a copy, or its runs spread over two --out) make one
+    line, each row from the first folder given that has runs of it; two records of one sha256 that disagree on what
+    the model is are refused in one line."""
+    sha, a, b = "ab" * 32, tmp_path / "a", tmp_path / "b"
+    for out in (a, b):
+        pretrain_json(out, "m", 1000, 0.3, sha)
+    curve_run(a / "table1/cls/eval.json", 40.0, sha)
+    curve_run(b / "table1/cls/eval.json", 99.0, sha)  # a's row: a is given first
+    for seed in (1, 2):
+        curve_run(b / "curve/sg-opt" / f"seed-{seed}.json", 50.0 + seed, sha, seed)
+    models = experiments.main(["report-curve", str(a), str(b)])
+    assert len(models) == 1 and models[0]["out"] == str(a) and models[0]["outs"] == [str(a), str(b)]
+    rows = models[0]["rows"]
+    assert rows["cls"]["avg"] == [40.0, 0.0] and rows["cls"]["runs"] == "table1/cls"
+    assert rows["sg-opt"]["avg"][0] == 51.5 and rows["sg-opt"]["runs"] == f"{b}/curve/sg-opt"
+    assert capsys.readouterr().out.count("| m | 0.00M | 30.00% |") == 1
+    pretrain_json(b, "m", 2000, 0.3, sha)
+    with pytest.raises(SystemExit) as e:
+        experiments.main(["report-curve", str(a), str(b)])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and len(err.strip().splitlines()) == 1, err
+    assert f"{b}/pretrain/pretrain.json and {a}/pretrain/pretrain.json name the same weights" in err
+
+
+def test_two_runs_that_share_a_name_are_two_lines(tmp_path, capsys):
+    """A pretraining run is its identity (pretrain.py's: its flags and its text's sha256), not its name: the --keep-at
+    folders of two runs named r1 at two --lr are two lines of the figure and two labels, each of its own folders."""
+    outs = []
+    for lr in (1e-3, 5e-4):
+        for step in (100, 200):
+            out, sha = tmp_path / f"r1-{lr}-{step}", hashlib.sha256(f"{lr} {step}".encode()).hexdigest()
+            pretrain_json(out, "r1", 1000 * step, 0.3, sha, step=step, lr=lr, text_sha256="7e" * 32)
+            curve_run(out / "curve/cls/eval.json", 30.0 + step / 100 + (10 if lr == 5e-4 else 0), sha)
+            outs.append(out)
+    models = experiments.main(["report-curve", *map(str, outs)])
+    series = [(run, pts) for row, run, pts in report.curve_series(experiments.EXPERIMENTS["curve"], models)
+              if row == "cls"]
+    assert sorted(series) == [("r1 (lr 0.0005)", [(100_000, 41.0, 0.0), (200_000, 42.0, 0.0)]),
+                              ("r1 (lr 0.001)", [(100_000, 31.0, 0.0), (200_000, 32.0, 0.0)])]
+    out = capsys.readouterr().out
+    assert "| r1-step100 (lr 0.001) |" in out and "| r1-step100 (lr 0.0005) |" in out
+
+
+def test_report_curve_checks_both_outputs_before_writing_either(tmp_path, monkeypatch, capsys):
+    """--json c.json writes c.md beside it: both are checked before any is written (c.md a folder: one line, no
+    c.json), and written as a pair; a write that fails (a full disk) is one line, exit 1."""
+    sha = "ab" * 32
+    pretrain_json(tmp_path / "a", "a", 1000, 0.3, sha)
+    curve_run(tmp_path / "a/curve/cls/eval.json", 40.0, sha)
+    (tmp_path / "c.md").mkdir()
+    for argv in (["--json", str(tmp_path / "c.json")], ["--plot", str(tmp_path / "c.png")]):
+        monkeypatch.setitem(sys.modules, "matplotlib", types.ModuleType("matplotlib"))  # as if installed
+        with pytest.raises(SystemExit) as e:
+            experiments.main(["report-curve", str(tmp_path / "a"), *argv])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and len(err.strip().splitlines()) == 1, err
+        assert f"{tmp_path}/c.md is a folder" in err and not (tmp_path / "c.json").exists()
+    (tmp_path / "c.md").rmdir()
+
+    def full(*a):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(report, "write_pair", full)
+    with pytest.raises(SystemExit) as e:
+        experiments.main(["report-curve", str(tmp_path / "a"), "--json", str(tmp_path / "c.json")])
+    err = capsys.readouterr().err
+    assert e.value.code == 1 and "No space left on device" in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "c.json").exists() and not (tmp_path / "c.md").exists()
