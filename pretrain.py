@@ -163,6 +163,12 @@ def check_args(args):
     if args.stop_at and args.stop_at >= args.steps:
         die(f"--stop-at {args.stop_at}: a stop comes before the last step (--steps {args.steps}), which ends the run "
             "itself")
+    if args.stop_after is not None and args.save_every >= args.steps:
+        die(f"--stop-after {args.stop_after:g} stops at a saved state, and --save-every {args.save_every} saves none "
+            f"before the last step (--steps {args.steps}): give a smaller --save-every, or leave --stop-after out")
+    if args.pack and args.max_len < 4:
+        die(f"--max-len {args.max_len}: --pack needs at least 4 ([CLS], [SEP] and a segment of 2 tokens or more, "
+            "BERT's shortest); give a larger --max-len, or leave --pack out")
     if args.keep_at and args.keep_at[-1] >= args.steps:
         die(f"--keep-at {args.keep_at[-1]}: intermediate models come before the last step (--steps {args.steps}), "
             "which writes weights/<name>/ itself")
@@ -567,15 +573,15 @@ def load_state(path, model, head, optimizer, args, want):
         old = blob["args"]
     except Exception as e:  # a torn or foreign file: say which and what to do
         die(f"{path}: cannot resume from it ({type(e).__name__}: {str(e)[:120]}); remove it or pass --fresh")
+    was = lambda k: old.get(k, {"precision": "fp32", "pack": False}.get(k))  # noqa: E731 (states before these flags)
+    diff = ", ".join(f"--{k.replace('_', '-')} {was(k)}" for k in STATE_KEYS if was(k) != want[k])
+    if diff:  # the flags first: --pack's documents are in the text's sha256 too, and the flag is what to name
+        die(f"{path} is the state of a run with other flags ({diff}); re-run with those flags to resume it, "
+            "or pass --fresh to start over")
     if old.get("text_sha256") != want["text_sha256"]:
         die(f"{path} is the state of a run on other text (its sentences' sha256 {str(old.get('text_sha256'))[:12]}, "
             f"this run's {want['text_sha256'][:12]}: another --text, --add-text or data folder, or a changed file); "
             "resume with that text, or pass --fresh to start over")
-    was = lambda k: old.get(k, {"precision": "fp32", "pack": False}.get(k))  # noqa: E731 (states before these flags)
-    diff = ", ".join(f"--{k.replace('_', '-')} {was(k)}" for k in STATE_KEYS if was(k) != want[k])
-    if diff:
-        die(f"{path} is the state of a run with other flags ({diff}); re-run with those flags to resume it, "
-            "or pass --fresh to start over")
     try:
         model.load_state_dict(blob["model"])
         head.load_state_dict(blob["head"])
@@ -831,9 +837,7 @@ def pretrain(args, dest):
     state = {"args": identity(args, text), "step": 0, "history": [], "tokens": 0, "seconds": 0.0, "parts": []}
     if run["state_file"].exists() and not args.fresh:
         state = load_state(run["state_file"], model, head, optimizer, args, state["args"])
-    if args.stop_at and args.stop_at <= state["step"]:
-        die(f"--stop-at {args.stop_at}: the resume state {run['state_file']} is at step {state['step']} already; "
-            "give a later step, or leave --stop-at out to go on")
+    check_stops(args, state, run["state_file"])
     check_intermediate(args, state)
     start_part(state, args)
 
@@ -852,6 +856,18 @@ def pretrain(args, dest):
         record = finish(run, text, model, head, state, git, dest)
     run["state_file"].unlink(missing_ok=True)
     return record
+
+
+def check_stops(args, state, state_file):
+    """--stop-at after the resume state's step, else refused; --stop-after that no saved state will come for (a
+    resume near the end: check_args refused a run with none at all) is said in one line."""
+    if args.stop_at and args.stop_at <= state["step"]:
+        die(f"--stop-at {args.stop_at}: the resume state {state_file} is at step {state['step']} already; "
+            "give a later step, or leave --stop-at out to go on")
+    if args.stop_after is not None and (state["step"] // args.save_every + 1) * args.save_every >= args.steps:
+        print(f"note: --stop-after {args.stop_after:g} cannot stop this run: it stops at a --save-every "
+              f"{args.save_every} state, and none comes between step {state['step']} and the last ({args.steps})",
+              flush=True)
 
 
 def machine(args):

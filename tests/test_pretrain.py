@@ -511,3 +511,34 @@ def test_a_time_limit_stops_at_the_first_saved_state_after_it(minilm_path, text_
     assert "stopped after step 4 of 7" in capsys.readouterr().out
     again = run("m", text_file, minilm_path, *steps, "--stop-after", "60")  # not reached: it finishes
     assert again["sha256"] == whole["sha256"] and [p["steps"] for p in again["parts"]] == [[0, 2], [2, 4], [4, 7]]
+
+
+# -----------------------------------------------------------------------------
+# kept folders under kills, Ctrl-C and other runs; stops that cannot act; the ETA
+
+
+def test_a_stop_that_can_never_act_is_refused_or_said(minilm_path, text_file, weights, monkeypatch, capsys):
+    err = refused(capsys, *args_of("s", text_file, minilm_path, "--steps", "20", "--save-every", "50",
+                                   "--stop-after", "0"))
+    assert "--stop-after" in err and "--save-every 50" in err
+    steps = ["--steps", "6", "--save-every", "4"]
+    killed_in_step(6, monkeypatch, "s", text_file, minilm_path, *steps)  # its state: step 4, the last one before 6
+    capsys.readouterr()
+    assert run("s", text_file, minilm_path, *steps, "--stop-after", "0") is not None
+    said = [line for line in capsys.readouterr().out.splitlines() if "--stop-after" in line]
+    assert len(said) == 1 and "step 4" in said[0], said
+
+
+def test_a_resume_that_changes_pack_names_the_flag(minilm_path, documents, weights, monkeypatch, capsys):
+    f, _ = documents  # documents: --pack puts their ends into the text's sha256
+    killed_in_step(3, monkeypatch, "q", f, minilm_path, "--steps", "5", "--save-every", "2", "--pack")
+    capsys.readouterr()
+    err = refused(capsys, *args_of("q", f, minilm_path, "--steps", "5", "--save-every", "2"))
+    assert "--pack" in err and "other text" not in err
+
+
+def test_a_max_len_packing_cannot_use_is_refused(minilm_path, documents, weights, capsys):
+    f, _ = documents
+    err = refused(capsys, *args_of("m", f, minilm_path, "--pack", "--max-len", "3"))
+    assert "--max-len 3" in err and "--pack" in err
+    assert run("m", f, minilm_path, "--pack", "--max-len", "4", "--steps", "2")["args"]["max_len"] == 4
