@@ -47,6 +47,7 @@ if __name__ == "__main__":
     cli.exit_on_ctrl_c("pretrain.py")
 
 import argparse
+import contextlib
 import hashlib
 import json
 import math
@@ -599,10 +600,11 @@ def identity(args, text):
     return {**{k: getattr(args, k) for k in STATE_KEYS}, "text_sha256": text["sha256"]}
 
 
-def write_folder(dest, model, head, tokenizer, record):
+def write_folder(dest, model, head, tokenizer, record, replace=False):
     """The model folder, atomically (a temp folder renamed into place): config.json (BERT's dropout 0.1),
     model.safetensors (bert.* and cls.predictions.* keys, fixed byte order), tokenizer.json, vocab.txt, pretrain.json
-    (the record, with the sha256 of model.safetensors)."""
+    (the record, with the sha256 of model.safetensors). A folder already at dest is replaced only if `replace`
+    (--overwrite, or this run's own model), else FileExistsError: it is looked at now, not at the run's start."""
     cfg = {**model.config.to_dict(), "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1,
            "architectures": ["BertForMaskedLM"], "model_type": "bert", "initializer_range": 0.02}
     tensors = {"bert." + k: v.detach().cpu().float() for k, v in model.state_dict().items()}
@@ -620,9 +622,11 @@ def write_folder(dest, model, head, tokenizer, record):
         record["sha256"] = {f: checkpoint.file_sha256(tmp / f) for f in ("model.safetensors", "tokenizer.json")}
         checkpoint.write_json(tmp / "pretrain.json", record)
         old = checkpoint.temp_path(dest, "old")
-        if dest.exists():
-            dest.rename(old)  # --overwrite was given (checked at the start); put back by clean_leftovers if we die now
-        tmp.rename(dest)
+        if os.path.lexists(dest):
+            if not replace:
+                raise FileExistsError(f"{dest} exists")
+            dest.rename(old)  # put back by clean_leftovers if we die now
+        tmp.rename(dest)  # (a folder made there since: the rename fails, it is not replaced)
         shutil.rmtree(old, ignore_errors=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -758,6 +762,9 @@ def main(argv=None):
     args.device = cli.device(args.device)
     torch.set_num_threads(args.threads)
     dest = checkpoint.WEIGHTS / args.name
+    outputs = [dest, *(intermediate(args, step) for step in args.keep_at)]
+    for path in outputs:  # what killed runs left of them: temp folders (a kill runs no clean-up of its own)
+        checkpoint.clean_leftovers(path)
     if dest.is_symlink() or (dest.exists() and not dest.is_dir()):
         die(f"{dest} is a {'symbolic link' if dest.is_symlink() else 'file'}, not a model folder: pretrain.py writes "
             "a folder there; move it away or choose another --name")
@@ -767,9 +774,10 @@ def main(argv=None):
         checkpoint.WEIGHTS.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         die(f"cannot create the weights folder {checkpoint.WEIGHTS} ({e.strerror}); set SG_WEIGHTS to a writable folder")
-    lock = checkpoint.WEIGHTS / f"{args.name}.pretrain"
     try:
-        with checkpoint.output_lock(lock):
+        with contextlib.ExitStack() as locks:  # every folder this run writes (its state with NAME's): NAME-stepN is
+            for path in outputs:  # the NAME of another run, which must not write it at the same time
+                locks.enter_context(checkpoint.output_lock(path.with_name(f"{path.name}.pretrain")))
             return pretrain(args, dest)
     except LoadError as e:  # OutputLocked included: the lock is another run's, or cannot be made
         die(e)
@@ -799,6 +807,10 @@ def finish(run, text, model, head, state, git, dest, extra=None):
     """The held-out score and the model folder at dest with its record (the final one, or with extra an intermediate
     one)."""
     args = run["args"]
+    replace = args.overwrite or written_by(dest, state["args"])
+    if os.path.lexists(dest) and not replace:  # (!!) checked again now: another run's model may have come since
+        die(f"{dest} appeared during this run and is not its model: not replaced; {kept_here(run)}: move it away (or "
+            "pass --overwrite) and run the same command again", code=1)
     held = score_held_out(run, model, head)
     print(f"held out: {held['sentences']} sentences, {held['masked_tokens']} masked tokens | mlm loss "
           f"{shown(held['mlm_loss'])} | mlm acc {shown(held['mlm_acc'])}", flush=True)
@@ -810,14 +822,20 @@ def finish(run, text, model, head, state, git, dest, extra=None):
               "no_nsp": "no next-sentence prediction: [CLS] is trained only through the masked tokens' attention",
               **(extra or {})}
     try:
-        record = write_folder(dest, model, head, run["tokenizer"], record)
+        record = write_folder(dest, model, head, run["tokenizer"], record, replace)
+    except FileExistsError:
+        die(f"{dest} appeared while this run wrote it: not replaced; {kept_here(run)}: move it away (or pass "
+            "--overwrite) and run the same command again", code=1)
     except (OSError, RuntimeError) as e:  # a full disk
-        kept = f"the last resume state is kept in {run['state_file']}" if run["state_file"].exists() else \
-            "no resume state is kept"
-        die(f"cannot write the model folder {dest} ({getattr(e, 'strerror', None) or e}); {kept}: free some space "
-            "and run the same command again", code=1)
+        die(f"cannot write the model folder {dest} ({getattr(e, 'strerror', None) or e}); {kept_here(run)}: free "
+            "some space and run the same command again", code=1)
     print(f"written to {dest} | model.safetensors sha256 {record['sha256']['model.safetensors']}", flush=True)
     return record
+
+
+def kept_here(run):
+    return f"the last resume state is kept in {run['state_file']}" if run["state_file"].exists() else \
+        "no resume state is kept"
 
 
 def pretrain(args, dest):
@@ -839,7 +857,6 @@ def pretrain(args, dest):
         state = load_state(run["state_file"], model, head, optimizer, args, state["args"])
     check_stops(args, state, run["state_file"])
     check_intermediate(args, state)
-    start_part(state, args)
 
     def keep(step, tokens, seconds):  # an intermediate model: the final folder's form, named <name>-step<step>
         finish(run, text, model, head, {**state, "tokens": tokens, "seconds": seconds}, git,
@@ -847,6 +864,9 @@ def pretrain(args, dest):
         model.train(), head.train()
 
     with bert.bf16_products(args.precision, args.device):  # bf16 on a CPU without a bf16 unit: emulated, fast
+        if state["step"] in args.keep_at and not written_by(intermediate(args, state["step"]), state["args"]):
+            keep(state["step"], state["tokens"], state["seconds"])  # a kill came between its state and its folder
+        start_part(state, args)
         stopped = train(run, model, head, optimizer, state, keep)
         if stopped:
             print(f"stopped after step {state['step']} of {args.steps} as asked ({stopped}); its state is kept in "
@@ -906,24 +926,37 @@ def intermediate(args, step):
 
 
 def check_intermediate(args, state):
-    """Before any work: an intermediate folder this run will write that exists already must be this very run's (a
-    resumed run writes it again, the same bytes), else --overwrite; a file or link there is refused."""
+    """Before any work: an intermediate folder this run will write (a step after the resume state's, or its very
+    step when the kill came between that state and the folder) that exists already must be this very run's (a
+    resumed run writes it again, the same bytes), else --overwrite; a file or link there is refused. A step the
+    state has passed whose folder is not this run's cannot be written any more: said in one line."""
     for step in args.keep_at:
         where = intermediate(args, step)
-        if step <= state["step"] or not (where.exists() or where.is_symlink()):
+        if step < state["step"]:
+            if not written_by(where, state["args"]):
+                what = "is not this run's model" if os.path.lexists(where) else "is not there"
+                print(f"note: --keep-at {step} is not written: the resume state is at step {state['step']}, past it, "
+                      f"and {where} {what} (--fresh starts over)", flush=True)
+            continue
+        if not os.path.lexists(where):
             continue
         if where.is_symlink() or not where.is_dir():
             die(f"{where} is a {'symbolic link' if where.is_symlink() else 'file'}, not a model folder: --keep-at "
                 "writes a folder there; move it away")
-        try:
-            old = json.loads((where / "pretrain.json").read_text(encoding="utf-8"))["args"]
-            ours = all(old.get(k) == state["args"][k] for k in (*STATE_KEYS, "text_sha256"))
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
-            ours = False
-        if not ours and not args.overwrite:
+        if not written_by(where, state["args"]) and not args.overwrite:
             die(f"{where} exists and is not this run's intermediate model: pass --overwrite to replace it (or choose "
                 "another --name)")
 
+
+
+def written_by(folder, ident):
+    """Whether the model folder is this run's: its record names this run's identity (flags and text: the same bytes),
+    as the folders are that a killed part of the run wrote."""
+    try:
+        old = json.loads((folder / "pretrain.json").read_text(encoding="utf-8"))["args"]
+        return not folder.is_symlink() and all(old.get(k) == ident[k] for k in (*STATE_KEYS, "text_sha256"))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return False
 
 if __name__ == "__main__":
     cli.run(main, "pretrain.py")

@@ -2,6 +2,8 @@
 a loss that falls on one repeated batch, a killed-and-resumed run equal to an uninterrupted one, and a corpus that
 holds no evaluation sentence (checked against the STS and SICK files themselves)."""
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -515,6 +517,102 @@ def test_a_time_limit_stops_at_the_first_saved_state_after_it(minilm_path, text_
 
 # -----------------------------------------------------------------------------
 # kept folders under kills, Ctrl-C and other runs; stops that cannot act; the ETA
+
+
+def foreign_model(folder):
+    """A model folder that another run wrote (its record names other flags)."""
+    folder.mkdir(parents=True)
+    (folder / "pretrain.json").write_text(json.dumps({"args": {"name": "other", "seed": 2}}))
+
+
+def dead_pid():
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    return p.pid  # no process has it now: what it left is a killed run's
+
+
+def test_a_folder_that_appears_during_the_run_is_never_replaced(minilm_path, text_file, weights, capsys, monkeypatch):
+    """Another run's model that appears at NAME-stepN or at NAME while this run goes on (after the checks at its start)
+    is never replaced without --overwrite: the run stops in one line, the other model as it was."""
+    real = pretrain.mlm_logits
+
+    def another_run_finishes_at(folder):
+        def f(*a, **k):
+            if not folder.exists():
+                foreign_model(folder)
+            return real(*a, **k)
+        return f
+    for folder, extra in ((weights / "r-step2", ["--keep-at", "2"]), (weights / "r", [])):
+        monkeypatch.setattr(pretrain, "mlm_logits", another_run_finishes_at(folder))
+        err = refused(capsys, *args_of("r", text_file, minilm_path, "--steps", "4", *extra), code=1)
+        assert folder.name in err and "--overwrite" in err
+        assert json.loads((folder / "pretrain.json").read_text())["args"]["name"] == "other", "another run's model lost"
+    assert run("r", text_file, minilm_path, "--steps", "4", "--overwrite")["args"]["name"] == "r"
+    assert json.loads((weights / "r" / "pretrain.json").read_text())["args"]["name"] == "r"
+    assert not [p.name for p in weights.iterdir() if p.name.endswith((".tmp", ".old"))]
+
+
+def test_a_run_locks_its_intermediate_folders_too(minilm_path, text_file, weights, capsys, monkeypatch):
+    """NAME-stepN of one run is NAME of another: whichever starts second is refused in one line, before any work."""
+    weights.mkdir()
+    with checkpoint.output_lock(weights / "r-step2.pretrain"):  # a run named r-step2 is going on
+        err = refused(capsys, *args_of("r", text_file, minilm_path, "--steps", "4", "--keep-at", "2"))
+    assert "r-step2" in err and "another process" in err
+    real, second = pretrain.mlm_logits, []
+
+    def second_run(*a, **k):  # while r runs, a run named r-step2 starts
+        if not second:
+            second.append((0, "it ran"))
+            try:
+                pretrain.main(args_of("r-step2", text_file, minilm_path, "--steps", "2"))
+            except SystemExit as e:
+                second[0] = (e.code, capsys.readouterr().err)
+        return real(*a, **k)
+    monkeypatch.setattr(pretrain, "mlm_logits", second_run)
+    run("r", text_file, minilm_path, "--steps", "4", "--keep-at", "2")
+    assert second[0][0] == 2 and "r-step2" in second[0][1] and "another process" in second[0][1], second
+    assert json.loads((weights / "r-step2" / "pretrain.json").read_text())["intermediate"]["of"] == "r"
+
+
+@pytest.mark.parametrize("how", ["kill", "ctrl-c-twice"])
+def test_a_kill_while_a_kept_folder_is_written_loses_no_folder(minilm_path, text_file, weights, monkeypatch, how):
+    """Killed while NAME-step3 is written, 3 also a --save-every step (its state saved first): the same command writes
+    NAME-step3 (from that state) and ends as the uninterrupted run; the temp folder the kill left is removed."""
+    steps = ["--steps", "6", "--save-every", "3", "--keep-at", "3", "--dropout", "0.1"]
+    whole = run("whole", text_file, minilm_path, *steps)
+    real, dead = checkpoint.write_safetensors, dead_pid()
+
+    def killed(f, *a, **k):
+        if "/.k-step3." in f.name:
+            if how == "kill":  # a SIGKILL runs no `finally`: its temp folder stays
+                (weights / f".k-step3.{dead}.tmp").mkdir()
+                (weights / f".k-step3.{dead}.tmp" / "model.safetensors").write_bytes(b"half")
+                raise SystemExit("killed")
+            raise KeyboardInterrupt  # a second Ctrl-C: at once
+        return real(f, *a, **k)
+    monkeypatch.setattr(checkpoint, "write_safetensors", killed)
+    with pytest.raises(SystemExit):
+        run("k", text_file, minilm_path, *steps)
+    monkeypatch.setattr(checkpoint, "write_safetensors", real)
+    assert torch.load(weights / ".k.pretrain-state.pt", weights_only=False)["step"] == 3
+    assert not (weights / "k-step3").exists()
+    again = run("k", text_file, minilm_path, *steps)
+    assert (weights / "k-step3").is_dir(), "the kept folder of step 3 was never written"
+    assert checkpoint.weights_sha256(weights / "k-step3") == checkpoint.weights_sha256(weights / "whole-step3")
+    assert json.loads((weights / "k-step3" / "pretrain.json").read_text())["history"] == json.loads(
+        (weights / "whole-step3" / "pretrain.json").read_text())["history"]
+    assert again["sha256"] == whole["sha256"]
+    assert not [p.name for p in weights.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_a_kept_step_the_resume_has_passed_is_said(minilm_path, text_file, weights, monkeypatch, capsys):
+    steps = ["--steps", "6", "--save-every", "3"]
+    killed_in_step(5, monkeypatch, "p", text_file, minilm_path, *steps)  # its state: step 3
+    capsys.readouterr()
+    run("p", text_file, minilm_path, *steps, "--keep-at", "2,4")
+    said = [line for line in capsys.readouterr().out.splitlines() if "--keep-at 2" in line]
+    assert len(said) == 1 and "step 3" in said[0] and "p-step2" in said[0], said
+    assert (weights / "p-step4").is_dir() and not (weights / "p-step2").exists()
 
 
 def test_a_stop_that_can_never_act_is_refused_or_said(minilm_path, text_file, weights, monkeypatch, capsys):
