@@ -53,6 +53,8 @@ import json
 import math
 import random
 import shutil
+import signal
+import threading
 import time
 from pathlib import Path
 from typing import NamedTuple
@@ -433,85 +435,140 @@ def mlm_step(model, head, optimizer, tracked, batch, lr, clip):
 
 
 class Progress:
-    """The progress line's window: tokens/s, ETA and the MLM loss and accuracy since its last line."""
+    """The progress line's window: the MLM loss and accuracy since its last line, the training rate and the ETA.
 
-    def __init__(self, args, step):
-        self.args = args
+    The rate (tokens/s) leaves out the process's first step (its warm-up: first-touch allocations and kernel set-up,
+    often more than twice a step) and the pauses to save a state or write a folder. The ETA counts the steps left by
+    their tokens (a batch of long sentences takes longer than one of short ones; step_tokens is a step's mean) at
+    that rate, plus the saves and folders left (each --keep-at one and the final one) at their measured cost; a folder
+    before one is measured: its held-out scoring (folder_tokens) at the training rate."""
+
+    def __init__(self, args, step_tokens, folder_tokens):
+        self.args, self.step_tokens, self.folder_tokens = args, step_tokens, folder_tokens
         self.loss_sum, self.correct = torch.zeros(()), torch.zeros(())
-        self.reset(step)
+        self.warm, self.cost = None, {"save": [], "folder": []}
+        self.reset()
 
-    def reset(self, step):
-        self.t0, self.tok, self.done0, self.n_masked = time.perf_counter(), 0, step, 0
+    def reset(self):
+        self.t0, self.tok, self.n_masked = time.perf_counter(), 0, 0
         self.loss_sum.zero_(), self.correct.zero_()
 
     def add(self, loss, logits, labels, real):  # a step's masked rows (labels) and its real tokens
         self.loss_sum += loss * len(labels)
         self.correct += (logits.argmax(1) == labels).sum()
         self.n_masked, self.tok = self.n_masked + len(labels), self.tok + real
+        if self.warm is None:  # the process's first step: its rate is used only until another step is timed
+            self.warm, self.t0, self.tok = (self.tok, time.perf_counter() - self.t0), time.perf_counter(), 0
+
+    def pause(self, kind, seconds):  # a save ("save") or a folder ("folder"): no training time, a cost of its own
+        self.t0 += seconds
+        self.cost[kind].append(seconds)
+
+    def rate(self):
+        tok, dt = (self.tok, time.perf_counter() - self.t0) if self.tok else self.warm
+        return tok / max(dt, 1e-9)
+
+    def eta(self, step):
+        """Seconds the run has left after `step`."""
+        a, rate, mean = self.args, self.rate(), lambda x, guess: sum(x) / len(x) if x else guess
+        saves = max(0, (a.steps - 1) // a.save_every - step // a.save_every)  # the states saved before the last step
+        folders = sum(k > step for k in a.keep_at) + 1
+        return ((a.steps - step) * self.step_tokens / rate + saves * mean(self.cost["save"], 0.0)
+                + folders * mean(self.cost["folder"], self.folder_tokens / rate))
 
     def first_line(self, step, loss):  # a first sign of life and an ETA, before the first log line's minutes
-        dt = time.perf_counter() - self.t0
-        print(f"step {step}/{self.args.steps} | mlm loss {loss.item():.4f} | {self.tok / dt:,.0f} tok/s | "
-              f"ETA {(self.args.steps - self.done0) * dt / 60:.1f} min", flush=True)
+        print(f"step {step}/{self.args.steps} | mlm loss {loss.item():.4f} | {self.rate():,.0f} tok/s | "
+              f"ETA {self.eta(step) / 60:.1f} min", flush=True)
 
     def line(self, step, lr):
         """Print the window's line; return its history row [step, loss, accuracy] (None where nothing was masked)."""
-        dt = time.perf_counter() - self.t0
         l, a = mean_or_none(self.loss_sum.item(), self.n_masked), mean_or_none(self.correct.item(), self.n_masked)
-        eta = (self.args.steps - step) * dt / (step - self.done0)
         print(f"step {step}/{self.args.steps} | mlm loss {shown(l)} | mlm acc {shown(a)} | lr {lr:.2e} | "
-              f"{self.tok / dt:,.0f} tok/s | ETA {eta / 60:.1f} min", flush=True)
+              f"{self.rate():,.0f} tok/s | ETA {self.eta(step) / 60:.1f} min", flush=True)
         return [step, l and round(l, 5), a and round(a, 5)]
 
 
 def train(run, model, head, optimizer, state, keep=None):
-    """The loop: from state['step'] to --steps, a log line after the first step and every --log-every steps, the
-    resume state every --save-every steps, keep(step, tokens seen, seconds) after each --keep-at step (the
-    intermediate folders). Returns None at the last step, else why it stopped (--stop-at, --stop-after), its resume
-    state saved."""
+    """The loop: from state['step'] to --steps, a log line after the second step (the first is warm-up) and every
+    --log-every steps, the resume state every --save-every steps, keep(step, tokens seen, seconds) after each
+    --keep-at step (the intermediate folders). Returns None at the last step, else why it stopped (--stop-at,
+    --stop-after), its resume state saved; a Ctrl-C ends the step, saves its state and raises KeyboardInterrupt."""
     args, order = run["args"], run["order"]
     begun = time.perf_counter()  # --stop-after counts from here
     tracked = [p for g in optimizer.param_groups for p in g["params"]]
-    progress = Progress(args, state["step"])
+    progress = Progress(args, sum(order.lengths) / len(order.lengths) * args.batch_size,
+                        sum(len(t.ids) for t in run["held"]))
     start, clock = state["step"], progress.t0  # state's tokens count every step and its seconds up to clock: exact
 
     def tick():  # the seconds since clock into state (before a save, a keep or a log line)
         nonlocal clock
         now = time.perf_counter()
         state["seconds"], clock = state["seconds"] + now - clock, now
-    for step in range(state["step"], args.steps):
-        torch.manual_seed(args.seed * 1_000_003 + step)  # dropout's draws, when --dropout > 0
-        idx = order.batch(step)
-        inputs, mask, rows, labels = step_batch(run, idx, order.generator(step))
-        lr = get_lr(step, args.steps, args.lr, args.warmup)
-        loss, logits = mlm_step(model, head, optimizer, tracked, (inputs, mask, rows, labels), lr, args.clip)
-        if not math.isfinite(loss.item()):  # (!!) a NaN model must never be written, nor replace a good one
-            die(f"step {step + 1}: the MLM loss is {loss.item()}; nothing written (lower --lr; the resume state, if "
-                "any, is from before it)", code=1)
-        real = int(mask.sum())
-        progress.add(loss, logits, labels, real)
-        state["step"], state["tokens"] = step + 1, state["tokens"] + real
-        if step == start and state["step"] % args.log_every and state["step"] < args.steps:
-            progress.first_line(state["step"], loss)
-        if state["step"] % args.log_every == 0 or state["step"] == args.steps:
-            state["history"].append(progress.line(state["step"], get_lr(step, args.steps, args.lr, args.warmup)))
-            tick()
-            progress.reset(state["step"])
-        saved = state["step"] % args.save_every == 0 and state["step"] < args.steps
-        if saved:
-            tick()
-            save_state(run["state_file"], model, head, optimizer, state)
-        if keep and state["step"] in args.keep_at:
-            tick()
-            keep(state["step"], state["tokens"], state["seconds"])
-            clock = time.perf_counter()  # the intermediate folder's scoring and writing is not training time
-        why = stop_reason(args, state["step"], saved, begun)
-        if why:
-            if not saved:
+
+    def paused(kind, write, *a):  # a save or a folder, timed: out of the rate, into the ETA's costs
+        t = time.perf_counter()
+        write(*a)
+        progress.pause(kind, time.perf_counter() - t)
+    with ctrl_c_ends_the_step() as ctrl_c:
+        for step in range(state["step"], args.steps):
+            torch.manual_seed(args.seed * 1_000_003 + step)  # dropout's draws, when --dropout > 0
+            idx = order.batch(step)
+            inputs, mask, rows, labels = step_batch(run, idx, order.generator(step))
+            lr = get_lr(step, args.steps, args.lr, args.warmup)
+            loss, logits = mlm_step(model, head, optimizer, tracked, (inputs, mask, rows, labels), lr, args.clip)
+            if not math.isfinite(loss.item()):  # (!!) a NaN model must never be written, nor replace a good one
+                die(f"step {step + 1}: the MLM loss is {loss.item()}; nothing written (lower --lr; the resume state, "
+                    "if any, is from before it)", code=1)
+            real = int(mask.sum())
+            progress.add(loss, logits, labels, real)
+            state["step"], state["tokens"] = step + 1, state["tokens"] + real
+            if step == start + 1 and state["step"] % args.log_every and state["step"] < args.steps:
+                progress.first_line(state["step"], loss)
+            if state["step"] % args.log_every == 0 or state["step"] == args.steps:
+                state["history"].append(progress.line(state["step"], get_lr(step, args.steps, args.lr, args.warmup)))
                 tick()
-                save_state(run["state_file"], model, head, optimizer, state)
-            return why
+                progress.reset()
+            saved = state["step"] % args.save_every == 0 and state["step"] < args.steps
+            if saved:
+                tick()
+                paused("save", save_state, run["state_file"], model, head, optimizer, state)
+            if keep and state["step"] in args.keep_at:
+                tick()
+                paused("folder", keep, state["step"], state["tokens"], state["seconds"])
+                clock = time.perf_counter()  # the intermediate folder's scoring and writing is not training time
+            why = stop_reason(args, state["step"], saved, begun)
+            if why or ctrl_c:
+                if not saved:
+                    tick()
+                    save_state(run["state_file"], model, head, optimizer, state)
+                if not why:
+                    raise KeyboardInterrupt  # main() names the step kept
+                return why
     return None
+
+
+@contextlib.contextmanager
+def ctrl_c_ends_the_step():
+    """While the loop runs, a Ctrl-C (SIGINT) is noted (the yielded list) and acted on at the end of the step in
+    progress, whose state is then saved: the work since the last periodic state is kept, and the step is whole (a
+    KeyboardInterrupt inside AdamW's update could leave half of it applied). A second Ctrl-C stops at once (the last
+    saved state is kept); a kill is a kill."""
+    asked = []
+
+    def note(*_):
+        if asked:
+            raise KeyboardInterrupt
+        asked.append(True)
+        print("pretrain.py: Ctrl-C: stopping at the end of this step, its state saved (Ctrl-C again: at once, "
+              "losing the steps since the last saved state)", file=sys.stderr, flush=True)
+    if threading.current_thread() is not threading.main_thread():  # (signal handlers are the main thread's)
+        yield asked
+        return
+    before = signal.signal(signal.SIGINT, note)
+    try:
+        yield asked
+    finally:
+        signal.signal(signal.SIGINT, before if before is not None else signal.default_int_handler)
 
 
 def stop_reason(args, step, saved, begun):
@@ -948,7 +1005,6 @@ def check_intermediate(args, state):
                 "another --name)")
 
 
-
 def written_by(folder, ident):
     """Whether the model folder is this run's: its record names this run's identity (flags and text: the same bytes),
     as the folders are that a killed part of the run wrote."""
@@ -957,6 +1013,7 @@ def written_by(folder, ident):
         return not folder.is_symlink() and all(old.get(k) == ident[k] for k in (*STATE_KEYS, "text_sha256"))
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return False
+
 
 if __name__ == "__main__":
     cli.run(main, "pretrain.py")
