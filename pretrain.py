@@ -36,7 +36,8 @@ the sentences (by a hash of their text) is held out and scored at the end.
 Deterministic by --seed: the data order and every mask are functions of (seed, step), the thread count is a flag
 (recorded), and the safetensors bytes are written in a fixed order, so the same command gives the same sha256 on
 the same kind of machine and torch build. Resumable: a killed run restarted with the same command continues from its
-last periodic state and ends bit-identical to an uninterrupted one (tests/test_pretrain.py).
+last periodic state (a Ctrl-C first ends its step and saves the state there) and ends bit-identical to an
+uninterrupted one, its --keep-at folders all written (tests/test_pretrain.py).
 """
 import os
 import sys
