@@ -122,25 +122,46 @@ class Layer(nn.Module):
         self.intermediate = nn.ModuleDict(dict(dense=nn.Linear(H, I)))
         self.output = nn.ModuleDict(dict(dense=nn.Linear(I, H), LayerNorm=nn.LayerNorm(H, eps=eps)))
         self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
+        self.kept = None  # (key, products): a frozen layer's weights as its products take them (products())
+
+    def products(self, device_type):
+        """(weight, bias) of the layer's four products as forward takes them: q, k and v as one (3H, H) product, then
+        the attention output, the intermediate and the output dense. A layer that no gradient flows through (a frozen
+        BERT_F, any encoding under no_grad) keeps them, q, k and v concatenated and cast to autocast's dtype when it is
+        on, until its weights change (their versions and storage are the key): the very tensors autocast would make
+        at every use, made once. (!!) Autocast keeps the casts of weights that require grad only, so a frozen BERT_F
+        in bf16 was cast again at every step, and the concatenation of q, k and v made again by every forward."""
+        sa, ao = self.attention.self, self.attention.output
+        linears = (ao.dense, self.intermediate.dense, self.output.dense)
+        params = (sa.query.weight, sa.key.weight, sa.value.weight, sa.query.bias, sa.key.bias, sa.value.bias,
+                  *(t for m in linears for t in (m.weight, m.bias)))
+        frozen = not (torch.is_grad_enabled() and any(t.requires_grad for t in params))
+        dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
+        key = (dtype, tuple((t._version, t.data_ptr()) for t in params))
+        if frozen and self.kept is not None and self.kept[0] == key:
+            return self.kept[1]
+        out = [(torch.cat(params[:3]), torch.cat(params[3:6])), *((m.weight, m.bias) for m in linears)]
+        if frozen:
+            out = [(w.to(dtype), b.to(dtype)) for w, b in out] if dtype else out
+            self.kept = (key, out)
+        return out
 
     def forward(self, x, mask, B, T, keep=None):
         """x (N, H): the real tokens of a (B, T) batch, packed (keep: their flat indices; None: all B * T rows).
         Everything but attention acts on each token alone, so it runs on the N real rows only; attention unpacks
         q, k, v to (B, nh, T, hs) for its key mask. mask: (B, 1, 1, T) bool, True = attend, or None."""
         H = x.shape[-1]
-        sa, ao = self.attention.self, self.attention.output
         # q, k and v from one (N, 3H) product: one larger GEMM is faster than three, and one unpack
-        w = torch.cat([sa.query.weight, sa.key.weight, sa.value.weight])
-        b = torch.cat([sa.query.bias, sa.key.bias, sa.value.bias])
-        qkv = unpack(F.linear(x, w, b), keep, B, T).view(B, T, 3, self.nh, H // self.nh)
+        qkv_p, attn_p, inter_p, out_p = self.products(x.device.type)
+        qkv = unpack(F.linear(x, *qkv_p), keep, B, T).view(B, T, 3, self.nh, H // self.nh)
         q, k, v = qkv.permute(2, 0, 3, 1, 4)  # each (B, nh, T, hs)
         # padding keys are never attended to, so the outputs at real tokens do not depend on the padding
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=self.attn_drop if self.training else 0.0)
         y = y.transpose(1, 2).reshape(B * T, H)
         y = y if keep is None else y.index_select(0, keep)  # (N, H)
-        x = ao.LayerNorm(x + self.dropout(ao.dense(y)))
-        h = F.gelu(self.intermediate.dense(x), approximate=self.gelu)  # (N, I)
-        return self.output.LayerNorm(x + self.dropout(self.output.dense(h)))
+        x = self.attention.output.LayerNorm(x + self.dropout(F.linear(y, *attn_p)))
+        h = F.gelu(F.linear(x, *inter_p), approximate=self.gelu)  # (N, I)
+        return self.output.LayerNorm(x + self.dropout(F.linear(h, *out_p)))
 
 
 def unpack(x, keep, B, T):

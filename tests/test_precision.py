@@ -1,0 +1,64 @@
+"""bf16 without waste: a frozen layer's products take weights cast (and q, k, v concatenated) once, the very tensors
+autocast makes at each use, so a frozen BERT_F, an encoding or a frozen generator give bit for bit the numbers they
+gave when every forward cast them anew; and the kept tensors follow the weights when these change."""
+import copy
+
+import pytest
+import torch
+
+import bert
+
+
+@pytest.fixture
+def model(tiny_config):
+    torch.manual_seed(0)
+    return bert.Bert(bert.BertConfig(**tiny_config)).eval()
+
+
+def batch(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(5, 120, (3, 9), generator=g)
+    mask = torch.ones_like(ids)
+    mask[1, 6:], mask[2, 3:] = 0, 0
+    return ids, mask
+
+
+def forward(model, frozen, precision):
+    ids, mask = batch()
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+        if frozen:
+            with torch.no_grad():
+                return model(ids, mask)
+        return [h.detach() for h in model(ids, mask)]  # a gradient flows: every product casts its weights anew
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_a_frozen_layer_gives_the_numbers_of_a_recast_one(model, precision):
+    want = forward(copy.deepcopy(model), False, precision)
+    for _ in range(2):  # the first call keeps the products, the second uses them
+        got = forward(model, True, precision)
+        assert all(torch.equal(g, w) for g, w in zip(got, want))
+    kept = model.encoder.layer[0].kept
+    assert kept is not None and kept[1][0][0].dtype == (torch.bfloat16 if precision == "bf16" else torch.float32)
+    assert kept[1][0][0].shape == (3 * model.config.hidden_size, model.config.hidden_size)  # q, k, v as one
+
+
+def test_kept_products_follow_the_weights(model):
+    forward(model, True, "bf16")
+    with torch.no_grad():  # an optimizer step's kind of change: in place
+        model.encoder.layer[1].intermediate.dense.weight.mul_(1.5)
+        model.encoder.layer[0].attention.self.key.bias.add_(0.1)
+    got = forward(model, True, "bf16")
+    want = forward(copy.deepcopy(model), False, "bf16")
+    assert all(torch.equal(g, w) for g, w in zip(got, want))
+    fp32 = forward(model, True, "fp32")  # autocast off: the fp32 weights again, not the bf16 ones kept
+    assert all(h.dtype == torch.float32 for h in fp32) and not torch.equal(fp32[-1], got[-1])
+
+
+def test_a_layer_that_learns_keeps_nothing(model):
+    model.train()
+    ids, mask = batch()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        model(ids, mask)[-1].sum().backward()
+    assert all(layer.kept is None for layer in model.encoder.layer)
+    assert model.encoder.layer[0].attention.self.query.weight.grad is not None
