@@ -77,6 +77,10 @@ def get_args(argv=None):
       "Spearman and Pearson x100 of the cosines against the scores, and the number of pairs")
     a("--pairs-out", metavar="OUT.tsv", help="with --pairs: write every pair's cosine beside its score to this .tsv "
       "(columns file, sentence1, sentence2, gold, cosine); --json holds them too")
+    a("--cosines-out", metavar="OUT.npz", help="also write every STS test pair's cosine and gold score to this "
+      "compressed .npz (per task, its subsets in the 'all' protocol's order: arrays <task>.cosine and <task>.gold, "
+      "float32, ~90 KB), the 7 STS tasks scored even when --tasks leaves them out: what report.py's paired bootstrap "
+      "over the test pairs reads")
     a("--tasks", nargs="+", default=None, metavar="TASK", choices=TASKS + list(SHORT.values()) + TRANSFER + list(TASK_SETS),
       help=f"tasks to run: any of {' '.join(TASKS)} {' '.join(TRANSFER)}, or sts (the 7 STS tasks, the default), "
       "transfer (the 7 transfer tasks), all (both)")
@@ -267,14 +271,15 @@ def progress(msg):
     print(msg, file=sys.stderr, flush=True)  # stderr: the tables on stdout stay clean
 
 
-def evaluate_sts(vectors, tasks, data_dir, log=progress, pair_rows=None):
+def evaluate_sts(vectors, tasks, data_dir, log=progress, pair_rows=None, cosines=None):
     """Spearman x100 of every task in every protocol: {task: {"all", "wmean", "mean"}, "avg": ..., "sentences",
     "sentences_per_s", "seconds", "task_seconds": {task: its encoding and scoring}}. A task is one of data.TASKS or
     the path of your own pairs file (--pairs), named by its shortest unique trailing path (pairs_names); a pairs file
     also gets "pearson" (x100) and "n" (its pairs). "avg" is over the STS tasks, or over the pairs files when there
     are no STS tasks. Each task's sentences are encoded once, even when they repeat across pairs and subsets.
     log: where the per-task progress lines go; pair_rows: a list that receives (name, sentence1, sentence2, gold,
-    cosine) of every pair of the pairs files."""
+    cosine) of every pair of the pairs files; cosines: a dict that receives {task: (cosines, gold)} of every STS task,
+    its subsets concatenated as the 'all' protocol scores them (--cosines-out)."""
     t0 = time.perf_counter()
     results, n_sent, t_enc, task_seconds = {}, 0, 0.0, {}
     names = pairs_names([t for t in tasks if t not in TASKS])
@@ -289,6 +294,8 @@ def evaluate_sts(vectors, tasks, data_dir, log=progress, pair_rows=None):
         n_sent += len(uniq)
         sims = {k: (similarities(emb, index, s1, s2), gold) for k, (s1, s2, gold) in data.items()}
         results[name] = spearman_table(sims)
+        if cosines is not None and task in TASKS:
+            cosines[task] = [np.concatenate(x) for x in zip(*sims.values())]  # (cosines, gold), as "all" ranks them
         if task not in TASKS:  # one subset: the three protocols agree; the linear correlation and the count beside
             (s1, s2, gold), (cos, _) = data["pairs"], sims["pairs"]
             results[name].update(pearson=pearson(cos, gold), n=len(gold))
@@ -418,8 +425,12 @@ def check_args(args):
         die("--pairs-out writes the cosines of --pairs files: add --pairs FILE")
     if args.pairs and args.layerwise:
         die("--layerwise scores STS-B test layer by layer, not --pairs files: run them as two commands")
+    if args.cosines_out and (args.layerwise or args.pairs_plot):
+        die(f"--cosines-out writes the STS tasks' cosines, which {'--layerwise' if args.layerwise else '--pairs-plot'} "
+            "does not score: run them as two commands")
     for flag, path, suffix in (("--plot", args.plot, ".png"), ("--pairs-plot", args.pairs_plot, ".png"),
-                               ("--json", args.json, ".json"), ("--pairs-out", args.pairs_out, ".tsv")):
+                               ("--json", args.json, ".json"), ("--pairs-out", args.pairs_out, ".tsv"),
+                               ("--cosines-out", args.cosines_out, ".npz")):
         try:
             path and checkpoint.check_output(path, suffix)
         except checkpoint.LoadError as e:
@@ -559,11 +570,13 @@ def pairs_plot(args, model, tokenizer, meta, data_dir):
     save(args.pairs_plot, lambda path: plot_pairs(panels, path), "pairs plot (paper Fig. 5)")
 
 
-def run_tasks(args, model, tokenizer, data_dir, transform=None):
-    """The results of the asked tasks, in the --json shape (less model and device)."""
+def run_tasks(args, model, tokenizer, data_dir, transform=None, cosines=None):
+    """The results of the asked tasks, in the --json shape (less model and device); cosines: evaluate_sts's (with
+    --cosines-out, the 7 STS tasks are scored whatever --tasks)."""
     tasks = [{v: k for k, v in SHORT.items()}.get(t, t) for t in args.tasks]
     tasks = list(dict.fromkeys(x for t in tasks for x in TASK_SETS.get(t, [t])))  # expand sets, drop repeats
     sts, trans = [t for t in tasks if t in TASKS], [t for t in tasks if t in TRANSFER]
+    sts += [t for t in TASKS if args.cosines_out and t not in sts]
     pairs = list({Path(p).resolve(): p for p in args.pairs or []}.values())  # a file given twice is scored once
     sts += pairs
     L = model.config.num_hidden_layers
@@ -583,7 +596,7 @@ def run_tasks(args, model, tokenizer, data_dir, transform=None):
         return results
     if sts:
         rows = []
-        results["sts"] = evaluate_sts(vectors, sts, data_dir, pair_rows=rows)
+        results["sts"] = evaluate_sts(vectors, sts, data_dir, pair_rows=rows, cosines=cosines)
         if pairs:  # every pair of the --pairs files: its cosine beside its score
             results["pairs"] = [dict(zip(PAIR_COLUMNS, r)) for r in rows]
     if trans:
@@ -604,6 +617,14 @@ def write_pairs(path, rows):
     w.writerow(PAIR_COLUMNS)
     w.writerows([r[c] for c in PAIR_COLUMNS] for r in rows)
     checkpoint.write_text(path, buf.getvalue())
+
+
+def write_cosines(path, cosines):
+    """--cosines-out: {task: (cosines, gold)} as a compressed .npz, written atomically. float32: float16 would tie the
+    close cosines of an anisotropic model (a raw BERT's [CLS] spans a few hundredths) and move its Spearman."""
+    arrays = {f"{t}.{k}": np.asarray(x, np.float32) for t, pair in cosines.items() for k, x in zip(("cosine", "gold"),
+                                                                                                    pair)}
+    checkpoint.atomic_write(path, lambda f: np.savez_compressed(f, **arrays))
 
 
 def save(path, write, what):
@@ -657,14 +678,18 @@ def main(argv=None):
         data_dir = resolve_data_dir(args.data_dir, need_stsb=False) if needs_data else None
         if args.pairs_plot:
             return pairs_plot(args, model, tokenizer, meta, data_dir)
+        cosines = {}
         results = {"model": name, "model_sha256": sha, "device": device, "precision": args.precision,
-                   **run_tasks(args, model, tokenizer, data_dir, transform)}
+                   **run_tasks(args, model, tokenizer, data_dir, transform, cosines)}
     except DataError as e:
         die(e)
     report(args, results, cli.model_name(args.ckpt or args.model), device)  # the tables' header: the model's real name
     if args.pairs_out:
         save(args.pairs_out, lambda path: write_pairs(path, results["pairs"]),
              f"{len(results['pairs'])} pairs with their cosines")
+    if args.cosines_out:
+        save(args.cosines_out, lambda path: write_cosines(path, cosines),
+             f"{sum(len(c) for c, _ in cosines.values())} STS test pairs' cosines")
     if args.json:
         save(args.json, lambda path: checkpoint.write_json(path, results), "results")
     return results

@@ -15,12 +15,13 @@ import math
 import os
 import re
 import sys
+import zipfile
 from pathlib import Path
 
 import numpy as np
 
 import data
-from checkpoint import LoadError, atomic_write, display_name, write_json, write_pair, write_text
+from checkpoint import LoadError, atomic_write, display_name, file_sha256, write_json, write_pair, write_text
 from data import SHORT, TASKS
 
 RECORD = re.compile(r"(seed-\d+|eval|fit)\.json")  # never the hidden files of runs in flight (.seed-1.result.json)
@@ -295,9 +296,12 @@ def drops_table(exp, summary):
 
 def leaderboard_table(exp, summary):
     """Every method on one harness: the STS table, the transfer average (its n: the runs that have it) and the cost
-    of each method (train time, time per step, STS-B test inference), each method's own paper figure beside."""
+    of each method (train time, time per step, STS-B test inference), each method's own paper figure beside; then
+    each method's difference from SimCSE and SG-OPT with its intervals (significance), explained under the table."""
+    refs = [r for r in REFERENCES if r in summary]
     head = ["method", "n", *[SHORT.get(t, t) for t in TASKS], "avg", "transfer avg (n)", "train (min)", "ms/step",
-            "STS-B test inference (s)", "own paper (BERT-base)"]
+            "STS-B test inference (s)", "own paper (BERT-base)",
+            *[f"vs {LABELS.get(r, r)}: {k}" for r in refs for k in ("seeds", "STS pairs")]]
     rows = []
     for v in exp.variants:
         r = summary.get(v.name)
@@ -306,12 +310,167 @@ def leaderboard_table(exp, summary):
         n, sts, tr = len(r["seeds"]), r.get("sts", {}), r.get("transfer", {}).get("avg")
         train, step = r.get("train_seconds"), r.get("ms_per_step")
         inf = r.get("inference_seconds") if "wall_seconds" in r else r.get("stsb_seconds")
+        vs = [significance_cell(r.get("vs", {}).get(ref, {}), k) if ref != v.name else "-"
+              for ref in refs for k in ("seeds", "pairs")]
         rows.append([v.name, str(n), *[cell(sts.get(t), n) for t in [*TASKS, "avg"]],
                      f"{cell(tr, r['transfer_n'])} ({r['transfer_n']})" if tr else "",
                      f"{train[0] / 60:.1f}" if train else "", f"{step[0]:.0f}" if step and step[0] else "",
-                     f"{inf[0]:.1f}" if inf else "", next(iter(v.paper.values()), "")])
+                     f"{inf[0]:.1f}" if inf else "", next(iter(v.paper.values()), ""), *vs])
     return [f"Spearman x100, `all` protocol, mean +- std over seeds; transfer: accuracy x100. {exp.note}", "",
-            *table(head, rows)]
+            *table(head, rows), *(["", SIGNIFICANCE_NOTE.format(refs=" and ".join(LABELS.get(r, r) for r in refs),
+                                                             n=BOOTSTRAP, seed=BOOTSTRAP_SEED)] if refs else [])]
+
+
+def significance_cell(x, kind):
+    """'+1.23 [+0.40, +2.06] better': the difference and its 95% interval, marked better / worse only when the
+    interval excludes 0; 'n/a (why)' where it cannot be computed."""
+    if x.get(kind) is None:
+        return f"n/a ({x.get(f'{kind}_why', 'no reference row')})"
+    d, lo, hi = x[kind]
+    return f"{d:+.2f} [{lo:+.2f}, {hi:+.2f}]" + (" better" if lo > 0 else " worse" if hi < 0 else "")
+
+
+SIGNIFICANCE_NOTE = (
+    "vs {refs}: the method's 7-task average (`all`) minus the reference's, with a 95% interval; 'better' or 'worse' "
+    "only when the interval excludes 0. seeds: Welch's t interval on the per-seed averages (unequal variances; n/a "
+    "where a side has fewer than 2 runs, as an evaluation or a fit, which run once): the noise of training. STS pairs: "
+    "a paired bootstrap over the test pairs of one run of each (the sweep's first seed, seed 1; an evaluation's one "
+    "run): {n:,} resamples (numpy seed {seed}), each drawing every task's test pairs with replacement, the same draws "
+    "for both methods, the 7 tasks' Spearmans recomputed and averaged for both; the interval runs from the 2.5th to "
+    "the 97.5th percentile of the differences: the noise of the test sets at one seed. It reads the per-pair cosines "
+    "that the run's evaluation wrote beside its record (<run>.cosines.npz, named in the record with its sha256, its "
+    "own scores checked against the record's); n/a where a record names none (records made before they were kept). "
+    "A gain beyond the noise is one that both intervals put above 0.")
+
+
+# -----------------------------------------------------------------------------
+# significance: each leaderboard row against SimCSE and SG-OPT, over the seeds and over the STS test pairs
+
+REFERENCES = ("simcse", "sg-opt")  # the rows every row of the leaderboard is set against
+BOOTSTRAP, BOOTSTRAP_SEED = 1000, 0  # resamples of the test pairs, and numpy's seed for them
+MATCH = 0.05  # how far (Spearman x100) a cosines file's own score of a task may be from its record's
+
+
+def add_significance(summary, recs, folder):
+    """Each row's difference from each reference row (REFERENCES) with its intervals, as summary[v]["vs"][ref] =
+    {seeds: [diff, low, high] or None, seeds_why, pairs: [diff, low, high] or None, pairs_why}: Welch over the seeds'
+    7-task averages, and the paired bootstrap over the test pairs of one run of each (pair_cosines)."""
+    avgs = {v: [r["sts"]["avg"]["all"] for r in rs] for v, rs in recs.items()}
+    cosines = {v: pair_cosines(folder / v, rs) for v, rs in recs.items()}  # (cosines or None, why not)
+    rhos = {**{v: (None, why) for v, (c, why) in cosines.items() if c is None},
+            **bootstrap_rhos({v: c for v, (c, _) in cosines.items() if c is not None})}
+    for v in summary:
+        summary[v]["vs"] = {}
+        for ref in (r for r in REFERENCES if r in summary and r != v):
+            seeds = welch_interval(avgs[v], avgs[ref])
+            why = next((w if u == v else f"{LABELS.get(u, u)}: {w}" for u in (v, ref) if (w := rhos[u][1])), None)
+            summary[v]["vs"][ref] = {"seeds": seeds, **({} if seeds else {"seeds_why": "n < 2"}),
+                                     "pairs": None if why else paired_difference(rhos[v][0], rhos[ref][0]),
+                                     **({"pairs_why": why} if why else {})}
+
+
+def welch_interval(a, b, level=0.95):
+    """mean(a) - mean(b) and its Welch t interval (unequal variances, Welch-Satterthwaite degrees of freedom):
+    [diff, low, high]; None when a side has fewer than 2 values. Both sides without spread: the difference alone."""
+    from scipy import stats  # here: the other tables need no scipy
+    a, b = np.asarray(a, float), np.asarray(b, float)
+    if len(a) < 2 or len(b) < 2:
+        return None
+    d, va, vb = a.mean() - b.mean(), a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)
+    if va + vb == 0:
+        return [float(d)] * 3
+    df = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
+    h = stats.t.ppf(0.5 + level / 2, df) * math.sqrt(va + vb)
+    return [float(d), float(d - h), float(d + h)]
+
+
+def pair_cosines(folder, recs):
+    """The per-pair cosines of a row's first run that has them ({task: (cosines, gold)}, float64), from the file its
+    record names beside it (sweep.keep_cosines: {file, sha256}), checked: that file, every task, its own Spearman
+    the record's; or (None, why not)."""
+    rec = next((r for r in recs if isinstance(r.get("cosines"), dict)), None)
+    if rec is None:
+        return None, "no per-pair cosines"
+    info = rec["cosines"]
+    path = folder / Path(str(info.get("file"))).name
+    try:
+        if file_sha256(path) != info.get("sha256"):
+            return None, f"{path.name} is not its run's (another sha256)"
+        with np.load(path) as z:
+            cos = {t: (z[f"{t}.cosine"].astype(np.float64), z[f"{t}.gold"].astype(np.float64)) for t in TASKS}
+    except FileNotFoundError:
+        return None, f"{path.name}, which its record names, is missing"
+    except (OSError, KeyError, ValueError, zipfile.BadZipFile) as e:
+        return None, f"{path.name} unreadable: {e}"
+    for t, (c, g) in cos.items():
+        if len(c) != len(g) or len(c) < 2:
+            return None, f"{path.name}: {t} has {len(c)} cosines and {len(g)} gold scores"
+        mine, theirs = resampled_spearmans(g, [c], np.ones((1, len(c)), np.int32))[0, 0], get(rec, "sts", t, "all")
+        if not abs(mine - theirs) <= MATCH:
+            return None, f"{path.name} gives {SHORT.get(t, t)} {mine:.2f}, its record {theirs:.2f}"
+    return cos, None
+
+
+def bootstrap_counts(sizes, n=BOOTSTRAP, seed=BOOTSTRAP_SEED):
+    """{task: (n, size) counts}: resample b of a task draws its size test pairs with replacement (one
+    rng.integers(0, size, size) a resample, task by task in order), kept as how often each pair was drawn. The
+    same resamples for every row: the bootstrap is paired."""
+    rng = np.random.default_rng(seed)
+    return {t: np.stack([np.bincount(rng.integers(0, k, k), minlength=k) for _ in range(n)]).astype(np.int32)
+            for t, k in sizes.items()}
+
+
+def bootstrap_rhos(cosines, n=BOOTSTRAP):
+    """{variant: ((the 7 tasks' Spearman x100 on the test sets (7,), on each of n resamples (n, 7)), None), or
+    (None, why)} for the rows with cosines (pair_cosines), on one set of resamples; a row must hold the same test
+    pairs (the same gold, in the same order) as the first."""
+    if not cosines:
+        return {}
+    first = next(iter(cosines.values()))
+    same = [v for v, cos in cosines.items() if all(np.array_equal(cos[t][1], first[t][1]) for t in TASKS)]
+    counts = bootstrap_counts({t: len(first[t][1]) for t in TASKS}, n)
+    whole, resampled = [], []
+    for t in TASKS:
+        xs, gold = [cosines[v][t][0] for v in same], first[t][1]
+        whole.append(resampled_spearmans(gold, xs, np.ones((1, len(gold)), np.int32))[:, 0])  # (rows,)
+        resampled.append(resampled_spearmans(gold, xs, counts[t]))  # (rows, B)
+    whole, resampled = np.stack(whole, 1), np.stack(resampled, 2)  # (rows, 7), (rows, B, 7)
+    out = {v: (None, "other test pairs than the other rows'") for v in cosines if v not in same}
+    return {**out, **{v: ((whole[i], resampled[i]), None) for i, v in enumerate(same)}}
+
+
+def paired_difference(a, b):
+    """[diff, low, high]: two rows' difference of 7-task averages on the test sets, and the 2.5th and 97.5th
+    percentiles of its values on the resamples (a, b: bootstrap_rhos's (whole, resampled))."""
+    diffs = a[1].mean(1) - b[1].mean(1)
+    return [float(a[0].mean() - b[0].mean()), *map(float, np.percentile(diffs, [2.5, 97.5]))]
+
+
+def resampled_ranks(x, w):
+    """The average ranks (scipy's rankdata) of x's values within each resample of counts w (B, n), the resample
+    being each pair drawn w[b, j] times: a value's rank is the number of draws of smaller values plus (its own draws
+    + 1) / 2, equal values sharing one. (B, n); a pair not drawn gets a rank that its weight 0 ignores."""
+    _, group = np.unique(x, return_inverse=True)  # equal values: one group; the groups in value order
+    order = np.argsort(group, kind="stable")
+    starts = np.flatnonzero(np.diff(group[order], prepend=-1))
+    drawn = np.add.reduceat(w[:, order], starts, axis=1)  # (B, G): draws of each distinct value
+    return (np.cumsum(drawn, axis=1) - (drawn - 1) / 2)[:, group]
+
+
+def resampled_spearmans(gold, xs, w, chunk=100):
+    """Spearman x100 of each x of xs against gold on each resample of counts w (B, n): (len(xs), B), each the
+    Pearson correlation of the resample's ranks with every pair counted w[b, j] times, which is scipy's spearmanr on
+    the resample itself; the gold's ranks computed once a chunk of resamples, for every x."""
+    def centered(r):
+        return r - (c * r).sum(1, keepdims=True) / c.sum(1, keepdims=True)
+    out = []
+    for s in range(0, len(w), chunk):
+        c = w[s:s + chunk].astype(np.float64)
+        ry = centered(resampled_ranks(gold, c))
+        cy = c * ry
+        rxs = [centered(resampled_ranks(x, c)) for x in xs]
+        out.append([100 * (cy * rx).sum(1) / np.sqrt((c * rx * rx).sum(1) * (cy * ry).sum(1)) for rx in rxs])
+    return np.concatenate(out, 1)
 
 
 TABLES = {"sts": sts_table, "transfer": transfer_table, "efficiency": efficiency_table, "drops": drops_table,
@@ -330,6 +489,8 @@ def report(name, exp, out, plot=None, left_out=None, expect=None):
         print(bad_record_line(path, why), file=sys.stderr, flush=True)
     if not summary:
         return None
+    if exp.table == "leaderboard":
+        add_significance(summary, recs, out / name)
     lines = [f"## {name}: {exp.title}", "", *models_line(recs, out / name), *TABLES[exp.table](exp, summary)]
     lines += [""] + [f"Missing: {p.parent.name}/{p.name} ({why})" for p, why in bad] if bad else []
     none = [v.name for v in exp.variants if v.name not in summary]

@@ -138,6 +138,7 @@ class Run:
     seed: int  # None: run once (an evaluation, an unseeded fit)
     folder: Path
     then: bool = True  # takes its variant's second step (Experiment.then_seeds)
+    cosines: bool = False  # its evaluate.py writes every STS test pair's cosine beside the record (keep_cosines)
 
     @property
     def stem(self):
@@ -161,7 +162,8 @@ def plan(name, exp, seeds, out, only=None):
             once = v.evaluate_only or not v.seeded
             if not (once and i > 0):
                 then = not exp.then_seeds or i < exp.then_seeds
-                runs.append(Run(name, v, None if once else seed, Path(out) / name / v.name, then))
+                cosines = exp.table == "leaderboard" and i == 0  # the first seed's: report.py's paired bootstrap
+                runs.append(Run(name, v, None if once else seed, Path(out) / name / v.name, then, cosines))
     return runs
 
 
@@ -182,7 +184,20 @@ def commands(run, args, extra, text):
         cmd += ["--out", str(run.path(".safetensors")), "--overwrite", "--eval-all"]
     then = [sys.executable, str(ROOT / "evaluate.py"), "--ckpt", str(run.path(".safetensors")), *second,
             *sweep_flags(extra, rename=EVAL_FLAGS), *data_dir, "--json", str(run.path(".json", ".then"))]
+    cosines = ["--cosines-out", str(run.path(".npz", ".cosines"))] if run.cosines else []  # an output: not in the key
+    cmd, then = (cmd + cosines, then) if v.evaluate_only else (cmd, then + cosines)  # from evaluate.py's run
     return key, cmd, then if second else None
+
+
+def keep_cosines(run):
+    """The per-pair cosines file that the run's evaluate.py wrote (run.cosines), moved beside its record before the
+    record is written, which names it with its sha256 (a file of another run at that path is never taken for its):
+    {"cosines": {"file", "sha256"}}, or {} when there is none."""
+    tmp, dest = run.path(".npz", ".cosines"), run.path(".cosines.npz")
+    if not run.cosines or not tmp.is_file():
+        return {}
+    os.replace(tmp, dest)
+    return {"cosines": {"file": dest.name, "sha256": file_sha256(dest)}}
 
 
 def find_finished(out, key, stem, paths, shas=None, checkpoint=False):
@@ -446,10 +461,11 @@ def copy_or_run(run, exp, out, key, shas, cmd, then, tag, t_sweep):
         i = then.index("--ckpt") + 1
         then = [*then[:i], str(trained[0].with_suffix(".safetensors")), *then[i + 1:]]
     t0 = time.time()
+    run.path(".npz", ".cosines").unlink(missing_ok=True)  # what a killed sweep's child left is never this run's
     results = execute(run, cmd, then, tag, trained)
     if results is None:
         return "failed", run.path(".log")
-    rec = record_of(run, key, cmd, then, results, time.time() - t0, shas, trained)
+    rec = {**record_of(run, key, cmd, then, results, time.time() - t0, shas, trained), **keep_cosines(run)}
     write_json(record, rec)
     print(f"  {run}: done in {(time.time() - t0) / 60:.1f} min | {headline(rec)} | sweep "
           f"{(time.time() - t_sweep) / 60:.1f} min", flush=True)

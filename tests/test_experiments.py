@@ -196,6 +196,10 @@ else:
     if flag("--loss") in ("whitening", "flow"):
         result["fit_seconds"] = 10.0
     open(flag("--out"), "w").write("weights")
+if flag("--cosines-out"):  # evaluate.py's per-pair cosines: three pairs a task
+    import numpy as np
+    np.savez_compressed(flag("--cosines-out"), **{f"{t}.{k}": np.arange(3, dtype=np.float32) for t in TASKS
+                                                  for k in ("cosine", "gold")})
 with open(flag("--json"), "w") as f:
     json.dump(result, f)
 '''
@@ -663,6 +667,26 @@ def test_leaderboard_transfers_the_first_seed_only_and_reports_every_method(fake
     assert "| cls | 1 | 70.00 | 71.00 | 72.00 | 73.00 | 74.00 | 75.00 | 76.00 | 73.00 | 83.00 (1) |  |  | 1.5 | 31.40" in out
     assert "| promptbert | 2 |" in out and "| sg-opt-mean | 2 |" in out
     assert "one epoch of the 17,256 STS-B sentences" in out
+
+
+def test_the_leaderboards_first_seed_keeps_every_sts_pairs_cosine_beside_its_record(fake, capsys):
+    """Each row's first run (an evaluation's one, a fit's, seed 1's second step) has evaluate.py write every STS test
+    pair's cosine (--cosines-out, an output: not in the key), moved beside the record, which names it and its
+    sha256; no other run does, no hidden file stays, and the report names cosines that do not give the scores."""
+    experiments.main(["leaderboard", *fake.argv])  # seeds 1 2
+    lb, exp = fake.out / "leaderboard", experiments.EXPERIMENTS["leaderboard"]
+    for v in exp.variants:
+        stem = "eval" if v.evaluate_only else "seed-1" if v.seeded else "fit"
+        rec, path = json.loads((lb / v.name / f"{stem}.json").read_text()), lb / v.name / f"{stem}.cosines.npz"
+        assert rec["cosines"] == {"file": path.name, "sha256": checkpoint.file_sha256(path)}, v.name
+        assert "--cosines-out" not in rec["key"] and "--cosines-out" in rec["then" if v.then else "command"]
+    assert "cosines" not in json.loads((lb / "sg-opt/seed-2.json").read_text())
+    assert not list(lb.glob("*/seed-2.cosines.npz")) and not list(lb.glob("*/.*.npz"))
+    calls = [c for c in fake.calls() if "--cosines-out" in c[1]]
+    assert len(calls) == len(exp.variants) and {c[0] for c in calls} == {"evaluate.py"}
+    experiments.main(["methods", *fake.argv])
+    assert not list((fake.out / "methods").glob("*/*.npz"))  # the leaderboard's only
+    assert "| n/a (n < 2) | n/a (eval.cosines.npz gives STS12 " in capsys.readouterr().out  # the fake's: not its scores
 
 
 def test_the_leaderboard_trains_nothing_the_methods_experiment_trained(fake, capsys):
