@@ -126,16 +126,18 @@ class Layer(nn.Module):
 
     def products(self, device_type):
         """(weight, bias) of the layer's four products as forward takes them: q, k and v as one (3H, H) product, then
-        the attention output, the intermediate and the output dense. A layer that no gradient flows through (a frozen
-        BERT_F, any encoding under no_grad) keeps them, q, k and v concatenated and cast to autocast's dtype when it is
-        on, until its weights change (their versions and storage are the key): the very tensors autocast would make
-        at every use, made once. (!!) Autocast keeps the casts of weights that require grad only, so a frozen BERT_F
-        in bf16 was cast again at every step, and the concatenation of q, k and v made again by every forward."""
+        the attention output, the intermediate and the output dense. A frozen layer (no weight requires grad: BERT_F,
+        DiffCSE's generator) keeps them, q, k and v concatenated and cast to autocast's dtype when it is on, until
+        its weights are replaced or changed in place (their storage and versions are the key): the very tensors
+        autocast would make at every use, made once. (!!) Autocast keeps the casts of weights that require grad only,
+        so a frozen BERT_F in bf16 was cast again at every step, and q, k and v concatenated again by every forward.
+        (!!) Not for weights that learn, even under no_grad: the fused AdamW step changes them in place without
+        bumping their versions, so a kept copy would go stale unseen."""
         sa, ao = self.attention.self, self.attention.output
         linears = (ao.dense, self.intermediate.dense, self.output.dense)
         params = (sa.query.weight, sa.key.weight, sa.value.weight, sa.query.bias, sa.key.bias, sa.value.bias,
                   *(t for m in linears for t in (m.weight, m.bias)))
-        frozen = not (torch.is_grad_enabled() and any(t.requires_grad for t in params))
+        frozen = not any(t.requires_grad for t in params)
         dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
         key = (dtype, tuple((t._version, t.data_ptr()) for t in params))
         if frozen and self.kept is not None and self.kept[0] == key:

@@ -24,12 +24,12 @@ def batch(seed=0):
 
 
 def forward(model, frozen, precision):
+    """The hidden states of a frozen model (no weight requires grad: it keeps its products), or of one that learns
+    (every product casts its weights anew, as autocast does)."""
     ids, mask = batch()
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
-        if frozen:
-            with torch.no_grad():
-                return model(ids, mask)
-        return [h.detach() for h in model(ids, mask)]  # a gradient flows: every product casts its weights anew
+    model.requires_grad_(not frozen)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+        return model(ids, mask)
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
@@ -55,10 +55,18 @@ def test_kept_products_follow_the_weights(model):
     assert all(h.dtype == torch.float32 for h in fp32) and not torch.equal(fp32[-1], got[-1])
 
 
-def test_a_layer_that_learns_keeps_nothing(model):
+def test_a_layer_that_learns_keeps_nothing_even_under_no_grad(model):
+    """The fused AdamW step changes weights in place without bumping their versions: a learning layer never keeps
+    a copy (the dev evaluation of BERT_T runs under no_grad between steps)."""
+    forward(model, False, "bf16")
+    assert all(layer.kept is None for layer in model.encoder.layer)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1, fused=True)
     model.train()
     ids, mask = batch()
     with torch.autocast("cpu", dtype=torch.bfloat16):
         model(ids, mask)[-1].sum().backward()
     assert all(layer.kept is None for layer in model.encoder.layer)
-    assert model.encoder.layer[0].attention.self.query.weight.grad is not None
+    w = model.encoder.layer[0].attention.self.query.weight
+    before, version = w.detach().clone(), w._version
+    opt.step()
+    assert not torch.equal(w, before) and w._version == version  # (!!) changed in place, its version unchanged
