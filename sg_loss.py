@@ -7,6 +7,8 @@ Follows Kim, Yoo & Lee, "Self-Guided Contrastive Learning for BERT Sentence Repr
   opt1(c, h, tau)     L^opt1: only c_i is an anchor; the c_j (j != i) and all h_j are in the denominator
   opt2(c, h, tau)     L^opt2: only c_i is an anchor; the c_j are dropped from the denominator
   sg_opt(c, h, tau)   L^opt3, the SG-OPT objective: c_i against its views h_ik at every layer k at once
+  negatives=n         (opt2, sg_opt) more negatives n_m (n, p) in every anchor's denominator: ESimCSE's queue
+                      (Wu et al., COLING 2022, Eq. 2), SSCL's lower layers (Chen et al., ACL 2023, Eq. 5)
   weight_distance     L^reg = ||theta_T - theta_F||^2, the distance of BERT_T from BERT_F (train.py adds lam * it)
 
 Legend: b = sentences in the batch, L = l + 1 layer views (embeddings + l layers), p = projection size.
@@ -53,14 +55,14 @@ def _anchors(b, rows, device):
     return torch.arange(b, device=device)[rows if rows is not None else slice(None)]
 
 
-def sg_opt(c, h, tau, rows=None):
+def sg_opt(c, h, tau, rows=None, negatives=None):
     """L^opt3: mean over i, k of -log( phi(c_i, h_ik) / (phi(c_i, h_ik) + sum_{m != i} sum_n phi(c_i, h_mn)) ).
 
     c (b, p), h (b, L, p). Not in the denominator: the other sentences' c_j and sentence i's views at other layers.
     One (b, b*L) similarity matrix, no loop over layers and no copies of the negatives. With b = 1 there are no
     negatives and the loss is 0 with a zero gradient. rows: the anchors i this process owns (a slice of the global
     batch; None: all); every loss here is the mean over its anchors' terms, so equal slices averaged over the
-    processes give the mean over all of them.
+    processes give the mean over all of them. negatives (n, p): + sum_m phi(c_i, n_m) in every denominator.
     """
     assert c.dim() == 2 and h.dim() == 3, \
         f"sg_opt wants c (b, p) and h (b, L, p), got c {tuple(c.shape)} and h {tuple(h.shape)}"
@@ -78,6 +80,9 @@ def sg_opt(c, h, tau, rows=None):
     # finite rather than -inf so that b = 1 (an empty sum) gives loss 0 and gradient 0 instead of NaN (!!)
     own = (i[:, None] == torch.arange(b, device=c.device))[:, :, None]  # (r, b, 1)
     neg = sim.masked_fill(own, torch.finfo(sim.dtype).min).logsumexp(dim=(1, 2))  # (r,)
+    if negatives is not None:  # log( that sum + sum_m phi(c_i, n_m) )
+        n = _up(negatives)
+        neg = torch.logaddexp(neg, ((c @ n.T) / (n.norm(dim=-1).clamp_min(1e-12) * tau)).logsumexp(dim=1))
     return (torch.logaddexp(pos, neg[:, None]) - pos).mean()  # -log(phi / (phi + negatives)), mean over r*L
 
 
@@ -106,12 +111,15 @@ def opt1(c, h, tau, rows=None):
     return F.cross_entropy(sim, i)
 
 
-def opt2(c, h, tau, rows=None):
-    """L^opt2: mean over i of -log( phi(c_i, h_i) / sum_j phi(c_i, h_j) ). c, h (b, p). rows: the anchors c_i."""
+def opt2(c, h, tau, rows=None, negatives=None):
+    """L^opt2: mean over i of -log( phi(c_i, h_i) / sum_j phi(c_i, h_j) ). c, h (b, p). rows: the anchors c_i.
+    negatives (n, p): + sum_m phi(c_i, n_m) in every denominator (SimCSE's InfoNCE with more negatives)."""
     _check_pair(c, h, tau, "opt2")
     c, h = F.normalize(_up(c), dim=-1), F.normalize(_up(h), dim=-1)
     i = _anchors(c.shape[0], rows, c.device)
     sim = c[i] @ h.T / tau  # sim: (r, b), positives at column i
+    if negatives is not None:
+        sim = torch.cat([sim, c[i] @ F.normalize(_up(negatives), dim=-1).T / tau], dim=1)  # (r, b + n)
     return F.cross_entropy(sim, i)
 
 
