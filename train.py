@@ -140,6 +140,7 @@ class Run:
     """What a training run holds, built once by build_run(): everything the step and the loop read."""
     cfg: argparse.Namespace  # the resolved config: every flag, the method's recipe applied (saved as 'args')
     method: methods.Method  # this run's: its sides, head, loss and regulariser, and their state (methods.build)
+    state: methods.State  # what the method keeps across steps (ESimCSE: its momentum encoder and queue; most: none)
     bert_F: torch.nn.Module  # the frozen copy: the views h_ik, and the base weights of the regulariser
     bert_T: torch.nn.Module  # the copy being trained; a DDP wrapper of it on several processes (raw() unwraps)
     head: torch.nn.Module  # f (DDP-wrapped on several processes when it has weights)
@@ -160,6 +161,10 @@ class Run:
     def autocast(self):
         return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.cfg.precision == "bf16")
 
+    def gather(self, x):
+        """x (b_local, ...) of every process in rank order -> (b, ...) (gather(), below); x itself on one process."""
+        return gather(x) if self.world > 1 else x
+
 
 def raw(m):
     """The module itself, under its DDP wrapper if it has one (nanoGPT's raw_model)."""
@@ -168,26 +173,31 @@ def raw(m):
 
 def train_step(run, step, x1, x2):
     """One optimisation step, the same for every method (methods.py): its two sides through its head, its loss,
-    backward, its regulariser, clip, AdamW at the lr of get_lr(step). x1, x2: (ids, mask) of side 1's and side 2's
-    sentences. Returns the loss, lam * L^reg, the gradient norm and the lr, as tensors (no device synchronisation:
-    the loop reads them at log time)."""
+    backward, its state's update (a no-op for most), its regulariser, clip, AdamW at the lr of get_lr(step). x1, x2:
+    (ids, mask) of side 1's and side 2's sentences. Returns the loss, lam * L^reg, the gradient norm and the lr, as
+    tensors (no device synchronisation: the loop reads them at log time)."""
     method = run.method
-    z1, z2 = method.sides(run, x1, x2)  # e.g. SG-OPT: f(c_i) (b, p) and f(h_ik) (b, L, p), fp32
+    z = method.sides(run, x1, x2)  # e.g. SG-OPT: f(c_i) (b, p) and f(h_ik) (b, L, p), fp32; SSCL: z1, z2 and n
     rows = None  # one process: every sentence is an anchor
     if run.world > 1:
-        # Anchors are this process's rows, negatives the whole global batch: z1 and z2 of every process, gathered
-        # in rank order (sentence rank * b_local + i). Both carry a gradient (z1 = f(c) from BERT_T; z2 = f(h) through
-        # the trained head f, or a second pass of BERT_T), so both go through the autograd all_gather, whose backward
-        # returns each process the gradient of its rows from every process's loss. The head ran before the gather,
-        # on this process's rows only: nothing is computed twice.
-        z1, z2 = gather(z1), gather(z2)
-        share = len(z1) // run.world
+        # Anchors are this process's rows, negatives the whole global batch: z1 and z2 (and SSCL's n) of every
+        # process, gathered in rank order (sentence rank * b_local + i). Both carry a gradient (z1 = f(c) from BERT_T;
+        # z2 = f(h) through the trained head f, or a second pass of BERT_T), so both go through the autograd
+        # all_gather, whose backward returns each process the gradient of its rows from every process's loss. The
+        # head ran before the gather, on this process's rows only: nothing is computed twice.
+        z = [gather(t) for t in z]
+        share = len(z[0]) // run.world
         rows = slice(run.rank * share, (run.rank + 1) * share)
     # the sides autocast their encoders and head (--precision bf16) and return fp32; the similarity, softmax and loss
-    # run here, outside autocast, in fp32 on a CPU as on CUDA (and so does the regulariser)
-    loss = method.loss(z1, z2, run.cfg.tau, rows=rows)  # the mean over this process's anchors
+    # run here, outside autocast, in fp32 on a CPU as on CUDA (and so does the regulariser). held: what the method
+    # keeps across steps and the loss reads (ESimCSE: its queue, the same on every process; most: nothing)
+    loss = method.loss(*z, *run.state.held, run.cfg.tau, rows=rows)  # the mean over this process's anchors
     run.optimizer.zero_grad(set_to_none=True)
     loss.backward()
+    # the method's own state, from the weights this step's forward used (ESimCSE: the EMA, then the queue); most: none
+    run.state.before_update(run, x1, x2)
+    if run.world > 1:
+        average_grads(run.state.modules, run.world)  # the method's own modules: averaged, as DDP does BERT_T's
     # SG family: the gradient of lam * ||BERT_T - BERT_F||^2, added once DDP has all-reduced the loss's (else 0)
     reg = method.regulariser(raw(run.bert_T), run.bert_F, run.cfg.lam)
     lr = get_lr(step, run.total, run.cfg.lr)
@@ -196,6 +206,17 @@ def train_step(run, step, x1, x2):
     norm = torch.nn.utils.clip_grad_norm_(run.trainable, 1.0)
     run.optimizer.step()
     return loss.detach(), reg, norm, lr
+
+
+def average_grads(modules, world):
+    """The gradients of the method's own trainable modules (not DDP-wrapped), averaged over the processes in one
+    all_reduce; the same on every process, as DDP leaves BERT_T's."""
+    grads = [p.grad for m in modules for p in m.parameters() if p.grad is not None]
+    if grads:
+        flat = torch.cat([g.flatten() for g in grads])
+        dist.all_reduce(flat)
+        for g, f in zip(grads, flat.div_(world).split([g.numel() for g in grads])):
+            g.copy_(f.view_as(g))
 
 
 def get_lr(step, total, peak):
@@ -411,7 +432,7 @@ def finish(run, keeper, stop, stats):
     model = bert.Bert.from_pretrained(run.cfg.out).to(run.device)
     result = final_report(run.cfg, model, run.tokenizer, run.data_dir, keeper.best, run.device)
     result.update(steps=step, losses=stats["history"], wall_seconds=wall, stop=stop,
-                  ms_per_step=1000 * stats["train_seconds"] / max(step, 1))
+                  ms_per_step=1000 * stats["train_seconds"] / max(step, 1), **run.state.meta)  # DiffCSE: its generator
     write_result(run.cfg.json, result)
     return result
 
@@ -565,10 +586,12 @@ def build_run(cfg, bert_F, tokenizer, examples, data_dir, device, rank=0, world=
     bert_T = copy.deepcopy(bert_F).train(cfg.dropout == "on").requires_grad_(True)
     bert_T.embeddings.requires_grad_(False)
     head = method.head(H, cfg).to(device)
+    check_neg_layers(cfg, bert_F.config.num_hidden_layers)
+    state = method.state(cfg, bert_T, tokenizer, device)  # the method's own across steps; its draws after the head's
     torch.manual_seed(cfg.seed + rank)  # dropout: each process its own masks (rank 0 = one process's stream)
     # eps: transformers.AdamW's default; fused: one kernel over all parameters (about 5x faster than the loop on CPU)
-    optimizer = torch.optim.AdamW(param_groups([bert_T, head], cfg.weight_decay), lr=cfg.lr, betas=(0.9, 0.9),
-                                  eps=1e-6, fused=True)
+    optimizer = torch.optim.AdamW(param_groups([bert_T, head, *state.modules], cfg.weight_decay), lr=cfg.lr,
+                                  betas=(0.9, 0.9), eps=1e-6, fused=True)
     if world > 1:  # rank 0's weights are broadcast to every process here; BERT_F is never wrapped
         ids = [device.index] if device.type == "cuda" else None
         bert_T = DDP(bert_T, device_ids=ids)
@@ -580,7 +603,7 @@ def build_run(cfg, bert_F, tokenizer, examples, data_dir, device, rank=0, world=
           f"{cfg.batch_size} | {cfg.loss}: {method.sides.__name__} -> {method.head.__name__} -> {method.loss.__name__}"
           f" (tau {cfg.tau})" + (f" | BERT_F's views: hidden states {layers[0]}..{layers[-1]} ({len(layers)})"
                                  if methods.takes(cfg.loss, "layers") else ""))
-    return Run(cfg=cfg, method=method, bert_F=bert_F, bert_T=bert_T, head=head, optimizer=optimizer,
+    return Run(cfg=cfg, method=method, state=state, bert_F=bert_F, bert_T=bert_T, head=head, optimizer=optimizer,
                trainable=[p for g in optimizer.param_groups for p in g["params"]], layers=layers, total=total,
                tokenizer=tokenizer, eval_tokenizer=evaluate.eval_tokenizer(tokenizer, bert_F.config),
                examples=examples, data_dir=data_dir, device=device, rank=rank, world=world,
@@ -588,6 +611,16 @@ def build_run(cfg, bert_F, tokenizer, examples, data_dir, device, rank=0, world=
                meta={"tokenizer": tokenizer.to_str(), **base_meta(cfg.model), "args": vars(cfg),
                      "git": git_sha(), "pooling": cfg.eval_pooling, "method": cfg.loss,
                      **({"template": cfg.template} if methods.takes(cfg.loss, "template") else {})})
+
+
+def check_neg_layers(cfg, l):
+    """SSCL's --neg-layers K: the hidden states l-1 .. l-K below the last, pooled; K <= l (down to the embedding
+    output), K <= l - 1 for a pooling that reads layer 1 as well (first-last, last2)."""
+    if methods.takes(cfg.loss, "neg_layers"):
+        most = l - (cfg.pooling in ("first-last", "last2"))
+        if cfg.neg_layers > most:
+            die(f"--neg-layers {cfg.neg_layers}: the model has {l} layers, and --pooling {cfg.pooling} pools at most "
+                f"{most} hidden states below the last; give 1..{most}")
 
 
 def view_layers(spec, n_hidden):

@@ -13,7 +13,8 @@ import torch
 import bert
 import checkpoint
 import train
-from test_train import run, world  # noqa: F401 (the tiny model, data folder and sentences)
+import methods
+from test_train import run, small_head, world  # noqa: F401 (the tiny model, data folder and sentences)
 
 ROOT = Path(train.__file__).resolve().parent
 
@@ -25,7 +26,7 @@ def no_dropout(world):
 
 def argv(world, out, *flags):
     return ["--model", str(world["model"]), "--data", str(world["sents"]), "--data-dir", str(world["data"]),
-            "--out", str(out), *(["--proj-size", "16"] if "simcse" not in flags else []), "--device", "cpu",
+            "--out", str(out), *small_head(flags), "--device", "cpu",
             "--log-every", "1", *flags]
 
 
@@ -49,11 +50,21 @@ def launch(world, out, flags, n=2):
     return p.returncode, stdout, stderr
 
 
-@pytest.mark.parametrize("loss", ["opt", "sg", "simcse"])  # sg, simcse: negatives that carry a gradient (c_j)
+# sg, simcse: negatives that carry a gradient (c_j); esimcse: a queue of 12 (a batch and a half), gathered before it
+# is queued, and the repetition's draws; sscl, sg-opt-sscl: BERT_T's lower layers, gathered; diffcse: its masks,
+# padding and its discriminator's gradients (--no-proj: its BatchNorm head's statistics are each process's own)
+OWN = {"esimcse": ["--queue-size", "12"], "diffcse": ["--no-proj", "--rtd-weight", "1"], "sscl": [], "sg-opt-sscl": []}
+
+
+@pytest.mark.parametrize("loss", ["opt", "sg", "simcse", *OWN])
 def test_two_processes_equal_one(world, loss):
     no_dropout(world)
     flags = ["--loss", loss, "--batch-size", "8", "--max-steps", "4", "--eval-every", "2", "--lr", "1e-3",
-             "--dropout", "off", "--max-len", "16", *(["--teacher-dropout", "off"] if loss != "simcse" else [])]
+             "--dropout", "off", "--max-len", "16", *(["--teacher-dropout", "off"] if methods.takes(loss, "layers") else []),
+             *OWN.get(loss, [])]
+    if loss == "diffcse":
+        from test_later_methods import generator_folder
+        flags += ["--generator", str(generator_folder(world))]
     one = train.main(argv(world, world["tmp"] / "one.safetensors", *flags))
     out = world["tmp"] / "two.safetensors"
     rc, stdout, stderr = launch(world, out, [*flags, "--json", str(world["tmp"] / "two.json")])

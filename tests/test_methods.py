@@ -10,7 +10,8 @@ VALUES = {  # one valid value of every method flag (None: a switch)
     "aug2": "shuffle", "no_proj": None, "proj_size": "8", "eval_every": "5", "patience": "3", "early_stop": "best",
     "overfit_batch": None, "eval_pooling": "mean", "lr": "1e-3", "weight_decay": "0.1", "batch_size": "8",
     "epochs": "2", "dropout": "off", "pooling": "mean", "whiten_dim": "4", "template": 'A "[X]" is [MASK] .',
-    "template2": 'B "[X]" is [MASK] .',
+    "template2": 'B "[X]" is [MASK] .', "dup_rate": "0.2", "queue_size": "32", "momentum": "0.9", "neg_layers": "1",
+    "generator": "g", "rtd_weight": "0.01", "mask_rate": "0.2",
     # ... and of every run flag: a method may ignore those too (the post-hoc fits: --precision)
     "model": "m", "data": "d.txt", "data_dir": "dd", "max_len": "16", "max_steps": "3", "out": "o.safetensors",
     "overwrite": None, "json": "r.json", "eval_all": None, "eval_only": None, "seed": "7", "device": "cpu",
@@ -32,6 +33,14 @@ def test_method_recipes_are_defaults_that_flags_override():
     assert (a.tau, a.batch_size, a.max_len, a.lr, a.aug1, a.eval_pooling) == (0.01, 16, 128, 5e-5, "none", "cls")
     a = methods.resolve_config(train.get_args(["--loss", "promptbert"]))
     assert (a.batch_size, a.lr, a.template, a.pooling) == (256, 1e-5, methods.prompt.TRAIN_TEMPLATES[0], "prompt")
+    a = methods.resolve_config(train.get_args(["--loss", "esimcse", "--lr", "1e-4"]))
+    assert (a.tau, a.batch_size, a.max_len, a.lr, a.dup_rate, a.queue_size, a.momentum) == (0.05, 64, 32, 1e-4, 0.32,
+                                                                                            160, 0.995)
+    a = methods.resolve_config(train.get_args(["--loss", "sscl"]))
+    assert (a.tau, a.batch_size, a.lr, a.pooling, a.eval_pooling, a.neg_layers) == (0.05, 64, 3e-5, "mean", "mean", 2)
+    a = methods.resolve_config(train.get_args(["--loss", "diffcse", "--model", "m", "--generator", "g"]))
+    assert (a.tau, a.batch_size, a.lr, a.rtd_weight, a.mask_rate, a.generator) == (0.05, 64, 7e-6, 0.005, 0.3, "g")
+    assert methods.resolve_config(train.get_args(["--loss", "diffcse", "--model", "m"])).generator == "m"
 
 
 @pytest.mark.parametrize("loss", list(methods.METHODS))
@@ -39,7 +48,7 @@ def test_every_recipe_key_is_a_flag_and_every_flag_not_ignored_is_taken(loss):
     m, flags = methods.METHODS[loss], vars(train.get_args([]))
     assert set(m.recipe) <= set(flags) and set(VALUES) == set(flags) - {"loss", "given"}  # every flag, each method
     for name in sorted(set(VALUES) - set(m.ignores)):
-        if methods.OWN_FLAGS.get(name, loss) != loss:
+        if loss not in methods.OWN_FLAGS.get(name, (loss,)):
             continue  # another method's own setting: refused below
         cfg = methods.resolve_config(train.get_args(argv(loss, name)))
         assert getattr(cfg, name) == (True if VALUES[name] is None else type(getattr(cfg, name))(VALUES[name]))
@@ -92,3 +101,5 @@ def test_takes_answers_as_the_refusals_do():
     assert methods.takes("whitening", "--whiten-dim") and not methods.takes("opt", "whiten-dim")
     assert methods.takes("promptbert", "--template2") and not methods.takes("promptbert", "--aug1")
     assert not methods.takes("whitening", "--lr") and methods.takes("flow", "--lr")
+    assert methods.takes("sscl", "--neg-layers") and methods.takes("sg-opt-sscl", "--neg-layers")  # two owners
+    assert not methods.takes("opt", "--neg-layers") and not methods.takes("simcse", "--momentum")
