@@ -89,6 +89,10 @@ SG_OPT = Variant("sg-opt", [], {"BERT-base": "74.62 +- 0.25"})
 SG_OPT_MEAN = ["--pooling", "mean", "--eval-pooling", "mean"]  # ours: c_i = BERT_T's mean-pooled last layer
 TRANSFER_PAPER = ["--tasks", "transfer", "--transfer-config", "paper"]  # evaluate.py: Table 4's protocol
 OWN = "BERT-base, its own paper"  # the leaderboard's paper column: each method's own paper
+# the methods after 2021 (methods.py), each with its own paper's BERT-base 7-task average (SSCL's README reports
+# none; sg-opt-sscl is ours); in the methods experiment (STS only) and the leaderboard (with transfer)
+LATER_PAPER = {"esimcse": "78.27", "diffcse": "78.49", "sscl": None, "sg-opt-sscl": None}
+LATER = [Variant(n, ["--loss", n], {"BERT-base": p} if p else {}) for n, p in LATER_PAPER.items()]
 EXPERIMENTS = {
     "table1": Experiment("Table 1: untrained poolings, the post-hoc baselines and SG / SG-OPT", [
         Variant("cls", ["--pooling", "cls"], {"BERT-base": "31.40", "SBERT-base": "71.32"}, evaluate_only=True),
@@ -195,11 +199,14 @@ EXPERIMENTS = {
         Variant("simcse", ["--loss", "simcse"], {"BERT-base": "76.25"}),
         Variant("promptbert", ["--loss", "promptbert"], {"BERT-base": "78.54 +- 0.15"}),
         Variant("sg-opt-mean", SG_OPT_MEAN),
+        *LATER,
     ], "Each method with its own recipe (methods.py: tau, batch, max length, lr, pooling, augmentations), "
        "trained on the STS-B sentences; the paper figures are each method's own paper (ConSERT's trained on STS+SICK "
-       "text for 10 epochs; SimCSE's on 10^6 Wikipedia sentences; PromptBERT's on SimCSE's). sg-opt-mean is ours: "
-       "SG-OPT with BERT_T's mean-pooled last layer as c_i. The leaderboard's trained rows are these runs (its "
-       "first seed's checkpoints take its transfer step)."),
+       "text for 10 epochs; SimCSE's on 10^6 Wikipedia sentences; PromptBERT's, ESimCSE's, SSCL's and DiffCSE's on "
+       "SimCSE's). sg-opt-mean and sg-opt-sscl are ours: SG-OPT with BERT_T's mean-pooled last layer as c_i, and "
+       "SG-OPT with BERT_T's own two layers below the last as negatives. diffcse needs a masked-LM generator of the "
+       "model's vocabulary: the model's own (a pretrain.py model), else --generator MODEL (MiniLM: a raw model's). The "
+       "leaderboard's trained rows are these runs (its first seed's checkpoints take its transfer step)."),
     "curve": Experiment("The paper's effect as a function of pretraining: [CLS], mean, whitening, SG-OPT, SimCSE", [
         Variant("cls", ["--pooling", "cls"], {"BERT-base": "31.40"}, evaluate_only=True),
         Variant("mean", ["--pooling", "mean"], {"BERT-base": "52.57"}, evaluate_only=True),
@@ -226,9 +233,11 @@ EXPERIMENTS = {
         Variant("promptbert", ["--loss", "promptbert"], {OWN: "78.54 +- 0.15"}, then=TRANSFER_PAPER),
         # ours: self-guidance on the pooling the model was trained with (c_i = BERT_T's mean-pooled last layer)
         Variant("sg-opt-mean", SG_OPT_MEAN, then=TRANSFER_PAPER),
+        *[Variant(n, ["--loss", n], {OWN: p} if p else {}, then=TRANSFER_PAPER) for n, p in LATER_PAPER.items()],
     ], "Each method with its own recipe (methods.py) for one epoch of the 17,256 STS-B sentences: the common "
-       "budget is the data, not the steps (1,079 steps of 16 for the SG family, 270 of 64 for SimCSE, 180 of 96 for "
-       "ConSERT, 68 of 256 for PromptBERT, 269 of 64 for the flow). Transfer: the 7 SentEval tasks, the paper's "
+       "budget is the data, not the steps (1,079 steps of 16 for the SG family, 270 of 64 for SimCSE, ESimCSE, SSCL "
+       "and DiffCSE, 180 of 96 for ConSERT, 68 of 256 for PromptBERT, 269 of 64 for the flow). diffcse: a model "
+       "without a masked-LM head takes --generator MODEL of its vocabulary (MiniLM: a raw model's). Transfer: the 7 SentEval tasks, the paper's "
        "classifier, on the first seed's run of each method. The paper figures are each method's own paper on "
        "BERT-base ('all' protocol unless marked; whitening and flow: their papers' 'target' fits in 'wmean').",
        table="leaderboard", transfer=tuple(data.TRANSFER), then_seeds=1),
