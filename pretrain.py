@@ -961,13 +961,20 @@ def start_part(state, args):
     now = machine(args)
     here = {"from_step": state["step"], "tokens_before": state["tokens"], "seconds_before": state["seconds"], **now}
     last = state["parts"][-1] if state["parts"] else None
-    if last and {k: last[k] for k in now} != now:
+    if last and not same_machine(last, now):
         was = lambda m: m["device"] + (f" {m['cpu']['capability']}" if m["cpu"] else "")  # noqa: E731
         print(f"note: resuming on another machine than step {last['from_step']}'s ({was(last)}, torch "
               f"{last['torch']}; now {was(here)}, torch {torch.__version__}): the steps "
               "from here are this machine's float sums, not bit-identical to a run that stayed there; the record's "
               "parts say which steps ran where", flush=True)
     state["parts"].append(here)
+
+
+def same_machine(a, b):
+    """Whether two parts' machines ({device, cpu, torch}) are one kind: the CPU compared on the keys both records
+    have (cli.cpu_kind gained 'amx' and 'family_model' on 2026-12-01: a state saved before is not another machine)."""
+    ca, cb = a["cpu"] or {}, b["cpu"] or {}
+    return (a["device"], a["torch"]) == (b["device"], b["torch"]) and all(ca[k] == cb[k] for k in ca.keys() & cb.keys())
 
 
 def run_parts(state):

@@ -146,6 +146,19 @@ def test_a_run_resumed_on_another_machine_says_so_and_records_where_each_part_ra
     assert all(p["seconds"] >= 0 for p in record["parts"])
 
 
+def test_a_state_saved_before_cpu_kind_named_amx_resumes_on_the_same_machine_without_a_note(
+        minilm_path, text_file, weights, monkeypatch, capsys):
+    steps = ["--steps", "5", "--save-every", "2", "--log-every", "3"]
+    old = {"model": "Intel Xeon", "capability": "AVX512", "bf16_unit": True}  # cli.cpu_kind before 2026-12-01
+    monkeypatch.setattr(pretrain.cli, "cpu_kind", lambda: old)
+    killed_in_step(3, monkeypatch, "m", text_file, minilm_path, *steps)
+    monkeypatch.setattr(pretrain.cli, "cpu_kind", lambda: {**old, "amx": True, "family_model": "6/167"})
+    capsys.readouterr()
+    run("m", text_file, minilm_path, *steps)
+    out = capsys.readouterr().out
+    assert "resuming from step 2" in out and "another machine" not in out
+
+
 def test_a_run_goes_on_on_another_device_its_state_not_refused(minilm_path, text_file, weights, monkeypatch,
                                                                 capsys):
     """A state saved on a GPU (here: a CPU state whose parts and flags say cuda, as an older state's flags did) goes on
