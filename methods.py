@@ -280,14 +280,16 @@ def L_sscl(z1, z2, n, tau, rows=None):
     """SSCL on SimCSE (sscl/models.py cl_forward: (loss + r_loss) / 2): the mean of SimCSE's InfoNCE and of InfoNCE
     with BERT_T's lower-layer vectors of every sentence, n (b, K, p), as more negatives of every anchor."""
     import sg_loss
-    return (sg_loss.opt2(z1, z2, tau, rows=rows) + sg_loss.opt2(z1, z2, tau, rows=rows, negatives=n.flatten(0, 1))) / 2
+    with_n = sg_loss.opt2(z1, z2, tau, rows=rows, negatives=n.flatten(0, 1))  # n_m: every sentence's 2K vectors
+    return (sg_loss.opt2(z1, z2, tau, rows=rows) + with_n) / 2
 
 
 def L_opt3_sscl(z1, z2, n, tau, rows=None):
     """sg-opt-sscl (ours): SSCL's combination on L^opt3: the mean of L^opt3 and of L^opt3 with BERT_T's lower-layer
     vectors of every sentence, n (b, K, p), in every anchor's denominator."""
     import sg_loss
-    return (sg_loss.sg_opt(z1, z2, tau, rows=rows) + sg_loss.sg_opt(z1, z2, tau, rows=rows, negatives=n.flatten(0, 1))) / 2
+    with_n = sg_loss.sg_opt(z1, z2, tau, rows=rows, negatives=n.flatten(0, 1))  # n_m: every sentence's K vectors
+    return (sg_loss.sg_opt(z1, z2, tau, rows=rows) + with_n) / 2
 
 
 def L_rtd(z1, z2, rho, tau, rows=None):
@@ -553,10 +555,10 @@ def add_method_flags(a):
       "(default: %(default)s)")
     a("--loss", default="opt", choices=list(METHODS),
       help="opt: SG-OPT over all b x (l+1) views (default); sg: NT-Xent; opt1/opt2: the paper's ablations (sg/opt1/opt2 "
-           "use one view per sentence, its layer sampled uniformly); sg-opt-sscl (ours): SG-OPT with BERT_T's own lower "
-           "layers as negatives; consert, simcse, promptbert, esimcse, sscl, diffcse: the other systems, each with its own "
-           "recipe's defaults for the flags marked (method); whitening, flow: the paper's post-hoc baselines (BERT "
-           "untouched, a map of its first-last vectors fitted on --data)")
+           "use one view per sentence, its layer sampled uniformly); sg-opt-sscl (ours): SG-OPT with BERT_T's own "
+           "lower layers as negatives; consert, simcse, promptbert, esimcse, sscl, diffcse: the other systems, each "
+           "with its own recipe's defaults for the flags marked (method); whitening, flow: the paper's post-hoc "
+           "baselines (BERT untouched, a map of its first-last vectors fitted on --data)")
     a("--tau", type=positive, help="temperature of the contrastive loss (method: 0.01 SG, 0.1 ConSERT, 0.05 SimCSE, "
       "PromptBERT, ESimCSE, SSCL and DiffCSE)")
     a("--lam", type=at_least(0.0, float), default=0.1, help="weight of the regulariser ||BERT_T - BERT_F||^2 (SG family; "
@@ -570,8 +572,8 @@ def add_method_flags(a):
       "ESimCSE, SSCL and DiffCSE, 256 PromptBERT)")
     a("--max-len", type=at_least(3, why="room for [CLS], one token and [SEP]"), help="tokens per sentence, [CLS]/[SEP] "
       "included; longer ones are truncated in training or fitting, never at evaluation, which reads evaluate.py's 128 "
-      "(method: 128 SG, 64 ConSERT, whitening and flow, 32 SimCSE, ESimCSE, SSCL and DiffCSE; PromptBERT: 32 tokens of the "
-      "sentence alone, the template's come on top)")
+      "(method: 128 SG, 64 ConSERT, whitening and flow, 32 SimCSE, ESimCSE, SSCL and DiffCSE; PromptBERT: 32 tokens "
+      "of the sentence alone, the template's come on top)")
     a("--dropout", choices=["on", "off"], help="BERT_T's own dropout in training; flow: BERT's dropout while it makes "
       "the vectors the flow is fitted on, as the BERT-flow code (method: off for ConSERT, else on)")
     a("--aug1", type=augmentation, help="augmentation of side 1's input (augment.py: none, shuffle, token-cutoff:R, "
@@ -603,8 +605,8 @@ def add_method_flags(a):
     a("--neg-layers", type=at_least(1), default=2, help="sscl, sg-opt-sscl: BERT_T's K hidden states below its last, "
       "pooled as the sentence vector, are negatives of every anchor (SSCL's --hard_negative_layers; default: "
       "%(default)s)")
-    a("--generator", help="diffcse: the frozen masked-LM generator, a model folder with an MLM head (cls.predictions.*, "
-      "as pretrain.py writes) and --model's vocabulary (default: --model itself)")
+    a("--generator", help="diffcse: the frozen masked-LM generator, a model folder with an MLM head "
+      "(cls.predictions.*, as pretrain.py writes) and --model's vocabulary (default: --model itself)")
     a("--rtd-weight", type=at_least(0.0, float), default=0.005, help="diffcse: lam, the weight of the discriminator's "
       "replaced-token loss (run_diffcse.sh LAMBDA; default: %(default)s)")
     a("--mask-rate", type=unit_interval, default=0.30, help="diffcse: the share of tokens masked before the generator "
@@ -625,7 +627,8 @@ def resolve_config(args):
     given = [k for k in m.ignores if k in args.given]
     given += [k for k, owners in OWN_FLAGS.items() if k in args.given and args.loss not in owners]
     if given:
-        why = m.why if given[0] in m.ignores else f"it is a setting of --loss {' and --loss '.join(OWN_FLAGS[given[0]])}"
+        owners = " and --loss ".join(OWN_FLAGS.get(given[0], ()))
+        why = m.why if given[0] in m.ignores else f"it is a setting of --loss {owners}"
         die(f"--{given[0].replace('_', '-')} means nothing for --loss {args.loss} ({why}): drop it")
     if cfg.no_proj and "proj_size" in args.given:
         die("--proj-size means nothing with --no-proj (there is no head f): drop one of them")
