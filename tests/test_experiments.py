@@ -695,7 +695,7 @@ def test_the_leaderboard_trains_nothing_the_methods_experiment_trained(fake, cap
     experiments.main(["leaderboard", *fake.argv])
     calls = fake.calls()[n:]
     lb = fake.out / "leaderboard"
-    trained = ["sg-opt", "consert", "simcse", "promptbert", "sg-opt-mean"]
+    trained = ["sg-opt", "consert", "simcse", "promptbert", "sg-opt-mean", "esimcse", "diffcse", "sscl", "sg-opt-sscl"]
     assert {v.name for v in experiments.EXPERIMENTS["methods"].variants} == set(trained)
     losses = {c[1][c[1].index("--loss") + 1] if "--loss" in c[1] else "sg-opt" for c in calls if c[0] == "train.py"}
     assert losses == {"whitening", "flow", "sg"}  # the rows that are not methods' (Table 1's, on a real --out)
