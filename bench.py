@@ -3,8 +3,11 @@
     SG_DATA=path/to/data python bench.py [--json FILE] [--only SECTION,...] [--repeats 7] [--threads N]
 
 One function per section, bench_<name>(results, args) in benchmarks/<area>.py: it prints its lines and fills
-results[<name>]. A section whose reference (transformers, the packaged all-MiniLM-L6-v2, the data folder) is missing
-prints a line saying so and is skipped. Shared rules (benchmarks/common.py), so that ratios mean something:
+results[<name>]. A section whose reference (transformers, the packaged all-MiniLM-L6-v2, the data folder) is missing,
+or whose data folder is too small for it, prints one line saying what is missing and is skipped, before any of its
+work. The header names the machine and its CPU kind (cli.cpu_kind), and warns in one line when other work loads it
+(a 1-minute load average above half its CPUs), since the ratios then mean little. Shared rules
+(benchmarks/common.py), so that ratios mean something:
 - contenders run in one process, alternating run by run (a, b, a, b, ...), and each reports the median; on a
   shared machine a slow spell then hits every contender instead of one;
 - peak memory on CPU is measured per contender in a fresh process (peak_rss_mb), on GPU with the CUDA allocator's
@@ -51,8 +54,6 @@ Ratios are "reference time / our time": above 1 means ours is faster. Times are 
 """
 import argparse
 import json
-import os
-import platform
 
 import checkpoint  # checkpoint, cli and data load no torch: --help answers before torch loads
 import cli
@@ -96,8 +97,8 @@ def get_args(argv=None):
       "sentences and sts and wk are skipped")
     a("--ddp-steps", type=n(1), default=20, help="ddp: training steps per run (default: %(default)s)")
     a("--epoch-steps", type=n(0), default=0, help="epoch: stop after N steps and extrapolate (0: the whole epoch)")
-    a("--epoch-precision", choices=["fp32", "bf16"], help="epoch: train.py --precision (default: train.py's, bf16 on "
-      "CUDA)")
+    a("--epoch-precision", choices=["fp32", "bf16"], help="epoch: train.py --precision (default: train.py's, "
+      "fp32 on every device)")
     a("--sts-batch", type=n(1), default=64, help="batch size of the length-sorted side of sts (default: %(default)s)")
     a("--transfer-tasks", type=names_of(data.TRANSFER, "task"), default=data.TRANSFER,
       help="transfer: comma-separated tasks (default: all 7)")
@@ -129,7 +130,7 @@ if __name__ == "__main__":
 import torch
 
 import bert
-from benchmarks.common import peak_child, save
+from benchmarks.common import environment, header, peak_child, save
 from benchmarks.compile import bench_compile
 from benchmarks.encoder import bench_encoder
 from benchmarks.epoch import bench_epoch
@@ -164,10 +165,8 @@ def main(argv=None):
     if args.threads:
         torch.set_num_threads(args.threads)
     names = args.only
-    results = {"env": dict(torch=torch.__version__, python=platform.python_version(), machine=platform.machine(),
-                           cpus=os.cpu_count(), torch_threads=torch.get_num_threads(),
-                           cuda=torch.cuda.get_device_name() if torch.cuda.is_available() else None)}
-    print(" | ".join(f"{k} {v}" for k, v in results["env"].items()))
+    results = {"env": environment()}
+    print(header(results["env"]))  # the machine, and a warning when it is busy: before any timing
     for name in names:
         print(f"== {name}")
         SECTIONS[name](results, args)

@@ -9,6 +9,8 @@ reference stack (or why a section is skipped), the device, the verdict of a rati
 import contextlib
 import io
 import json
+import os
+import platform
 import statistics
 import subprocess
 import sys
@@ -188,6 +190,38 @@ def pretraining_run(args, *flags):
         return None, None, f"pretrain.py refuses the data folder's text: {why}"
     sys.stderr.write(err.getvalue())  # its notes, if any
     return pargs, run, None
+
+
+BUSY = 0.5  # a 1-minute load average above this share of the CPUs: other work competes with the contenders
+
+
+def environment():
+    """results["env"]: the software, the machine, its CPU's kind (cli.cpu_kind: what a speed figure depends on) and
+    the load on it as the run begins (the 1-minute load average; None where the OS has none)."""
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):
+        load = None
+    return dict(torch=torch.__version__, python=platform.python_version(), machine=platform.machine(),
+                cpus=os.cpu_count(), torch_threads=torch.get_num_threads(),
+                cuda=torch.cuda.get_device_name() if torch.cuda.is_available() else None, cpu=cli.cpu_kind(),
+                load_avg=load)
+
+
+def header(env):
+    """The run's first line: the software, the machine and its CPU kind in words; then, on a busy machine (a load
+    average above BUSY x its CPUs), a one-line warning: side-by-side timings share the CPUs with that work."""
+    kind, yes = env["cpu"], lambda x: "yes" if x else "no"
+    line = " | ".join(f"{k} {env[k]}" for k in ("torch", "python", "machine", "cpus", "torch_threads", "cuda"))
+    line += (f" | cpu {kind['model']} ({kind['capability']}, bf16 matrix unit {yes(kind['bf16_unit'])}, AMX "
+             f"{yes(kind.get('amx'))}" + (f", family/model {kind['family_model']}" if kind.get("family_model") else "")
+             + ")")
+    load, cpus = env["load_avg"], env["cpus"] or 1
+    if load is not None and load > BUSY * cpus:
+        line += (f"\nwarning: this machine is busy (load average {load:.2f} over the last minute, {cpus} CPUs): other "
+                 "work competes with the contenders, so the times and ratios below mean little; run again when it is "
+                 "idle")
+    return line
 
 
 def save(results, args):

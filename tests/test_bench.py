@@ -1,6 +1,9 @@
-"""bench.py's references compute what they stand for: the step built from transformers with the official loss and
-regulariser gives the same losses as train.py's step, on a tiny random BERT. No timing here."""
+"""bench.py and benchmarks/: the references compute what they stand for (the step built from transformers with the
+official loss and regulariser gives the same losses as train.py's step, on a tiny random BERT); a section on missing
+or small data says what is missing in one line, before its work; the header names the machine and warns when it is
+busy. No timing here."""
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -417,3 +420,45 @@ def test_an_encoding_section_without_its_test_sentences_names_the_file_before_ti
     folder = stsb_folder(tmp_path / "data", rows=200, test=section == "sts")
     line = skipped_line(capsys, ["--only", section, "--data-dir", str(folder), "--device", "cpu", "--repeats", "1"])
     assert lacks in line and "not found" in line, line
+
+
+# -----------------------------------------------------------------------------
+# the header and --help (issue 73, item 15)
+
+
+def test_help_gives_train_pys_epoch_precision_default():
+    """train.py and the README: fp32 on every device; bench.py --help said "bf16 on CUDA"."""
+    out = subprocess.run([sys.executable, str(ROOT / "bench.py"), "--help"], capture_output=True, text=True,
+                         timeout=60).stdout
+    text = " ".join(out.split())
+    assert "--epoch-precision" in text and "bf16 on CUDA" not in text
+    assert "epoch: train.py --precision (default: train.py's, fp32 on every device)" in text
+
+
+@pytest.mark.parametrize("load, busy", [(1.5, True), (0.8, False), (None, False)])
+def test_header_names_the_cpu_kind_and_warns_on_a_busy_machine(load, busy, tmp_path, monkeypatch, capsys):
+    """The header line names the CPU kind (cli.cpu_kind) and, before any timing, one line warns when the 1-minute
+    load average is above half the CPUs (here 2); both are in the record's env."""
+    kind = {"model": "AMD EPYC 7B12", "capability": "AVX2", "bf16_unit": False, "amx": False, "family_model": "23/49"}
+    monkeypatch.setattr(bench.cli, "cpu_kind", lambda: kind)
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+
+    def getloadavg():
+        if load is None:
+            raise OSError("no load average here")
+        return load, 0.5, 0.5
+    monkeypatch.setattr(os, "getloadavg", getloadavg)
+    monkeypatch.setitem(bench.SECTIONS, "loss", lambda results, args: print("  (the section)"))
+    bench.main(["--only", "loss", "--json", str(tmp_path / "b.json")])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].endswith(" | cpus 2 | torch_threads " + str(torch.get_num_threads()) + " | cuda " +
+                             str(torch.cuda.get_device_name() if torch.cuda.is_available() else None) +
+                             " | cpu AMD EPYC 7B12 (AVX2, bf16 matrix unit no, AMX no, family/model 23/49)"), lines[0]
+    warning = [line for line in lines if line.startswith("warning: ")]
+    if busy:
+        assert warning == [lines[1]] and "busy (load average 1.50 over the last minute, 2 CPUs)" in lines[1]
+        assert lines[2] == "== loss"  # before the section's timings
+    else:
+        assert not warning and lines[1] == "== loss"
+    env = json.loads((tmp_path / "b.json").read_text())["env"]
+    assert env["cpu"] == kind and env["load_avg"] == load and env["cpus"] == 2
