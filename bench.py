@@ -50,6 +50,9 @@ work. The header names the machine and its CPU kind (cli.cpu_kind), and warns in
   gpu       (gpu.py; by name only) every GPU check in one command: tests/test_cuda.py, encoder/step/precision/pretrain/
             compile on cuda, the bert-base-shaped epoch in fp32 and bf16, MiniLM SG-OPT fp32 vs bf16 (7 tasks);
             results/gpu/
+  profile   (profile.py; by name only) torch.profiler's top operators by self time of pretrain.py's step (BERT-Mini
+            and 12 x 768), train.py's SG-OPT step on MiniLM and bert.encode, each in fp32 and bf16: one table a file
+            in --profile-out (--profile-workloads to choose)
 Ratios are "reference time / our time": above 1 means ours is faster. Times are medians on this machine, not claims.
 """
 import argparse
@@ -64,8 +67,10 @@ from cli import at_least, die
 # the command line, parsed before the heavy imports
 
 SECTION_NAMES = ("loss", "encoder", "step", "precision", "ddp", "memory", "sts", "wk", "transfer", "epoch", "pretrain",
-                 "mlm-precision", "allocator", "compile", "gpu")  # SECTIONS' keys (checked at the bottom)
-DEFAULT = [s for s in SECTION_NAMES if s not in ("epoch", "allocator", "compile", "gpu")]  # long, or a GPU's: by name
+                 "mlm-precision", "allocator", "compile", "gpu", "profile")  # SECTIONS' keys (checked at the bottom)
+WORKLOADS = ("pretrain-mini", "pretrain-12x768", "sgopt-minilm", "encode-minilm")  # benchmarks.profile (checked)
+BY_NAME = ("epoch", "allocator", "compile", "gpu", "profile")  # long, or a GPU's, or tables not ratios: by name only
+DEFAULT = [s for s in SECTION_NAMES if s not in BY_NAME]
 POOLINGS = ("cls", "mean", "max", "first-last", "last2")  # bert.POOLINGS (checked below)
 
 
@@ -88,8 +93,8 @@ def get_args(argv=None):
     a, n = ap.add_argument, at_least
     a("--json", help="also write the results to this JSON file")
     a("--only", type=names_of(SECTION_NAMES, "section"), default=DEFAULT,
-      help=f"comma-separated sections out of {','.join(SECTION_NAMES)} (default: all but epoch, allocator, compile "
-      "and gpu)")
+      help=f"comma-separated sections out of {','.join(SECTION_NAMES)} (default: all but epoch, allocator, "
+      "compile, gpu and profile)")
     a("--repeats", type=n(1), default=7, help="timed runs per contender (medians are reported; default: %(default)s)")
     a("--device", default="auto", choices=["auto", "cpu", "cuda"],
       help="device of the encoder, step, wk and sts sections (auto: cuda when available); loss is CPU only")
@@ -113,6 +118,10 @@ def get_args(argv=None):
       "with other jobs")
     a("--alloc-steps", type=n(1), default=20, help="allocator: timed pretraining steps per process (default: "
       "%(default)s; 2 more run first, untimed)")
+    a("--profile-out", default="profile", help="profile: the folder of its tables, one file a workload and precision "
+      "(default: %(default)s)")
+    a("--profile-workloads", type=names_of(WORKLOADS, "workload"), default=list(WORKLOADS),
+      help=f"profile: comma-separated workloads out of {','.join(WORKLOADS)} (default: all)")
     a("--peak-child", help=argparse.SUPPRESS)  # internal: one peak_rss_mb measurement
     a("--alloc-child", help=argparse.SUPPRESS)  # internal: one process of the allocator section
     args = ap.parse_args(argv)
@@ -137,12 +146,14 @@ from benchmarks.epoch import bench_epoch
 from benchmarks.gpu import bench_gpu
 from benchmarks.loss import bench_loss, make_loss_run
 from benchmarks.precision import bench_mlm_precision, bench_precision
+from benchmarks.profile import WORKLOADS as PROFILE_WORKLOADS, bench_profile
 from benchmarks.pretrain import alloc_child, bench_allocator, bench_pretrain
 from benchmarks.step import bench_ddp, bench_memory, bench_step, make_step_run
 from benchmarks.sts import bench_sts, bench_wk
 from benchmarks.transfer import bench_transfer
 
 assert POOLINGS == bert.POOLINGS, f"bench.POOLINGS is out of date: {bert.POOLINGS}"
+assert WORKLOADS == PROFILE_WORKLOADS, f"bench.WORKLOADS is out of date: {PROFILE_WORKLOADS}"
 
 # -----------------------------------------------------------------------------
 # the sections, by name
@@ -152,7 +163,7 @@ SECTIONS = {"loss": bench_loss, "encoder": bench_encoder, "step": bench_step, "p
             "ddp": bench_ddp, "memory": bench_memory, "sts": bench_sts, "wk": bench_wk, "transfer": bench_transfer,
             "epoch": bench_epoch, "pretrain": bench_pretrain,
             "mlm-precision": bench_mlm_precision, "allocator": bench_allocator, "compile": bench_compile,
-            "gpu": bench_gpu}
+            "gpu": bench_gpu, "profile": bench_profile}
 assert tuple(SECTIONS) == SECTION_NAMES, f"SECTION_NAMES is out of date: {list(SECTIONS)}"
 
 

@@ -157,7 +157,11 @@ class Layer(nn.Module):
         qkv_p, attn_p, inter_p, out_p = self.products(x.device.type)
         qkv = unpack(F.linear(x, *qkv_p), keep, B, T).view(B, T, 3, self.nh, H // self.nh)
         q, k, v = qkv.permute(2, 0, 3, 1, 4)  # each (B, nh, T, hs)
-        # padding keys are never attended to, so the outputs at real tokens do not depend on the padding
+        # padding keys are never attended to, so the outputs at real tokens do not depend on the padding.
+        # (!!) On a CPU the attention runs in fp32 under bf16 autocast: torch's CPU flash attention in bf16 ran slower
+        # than in fp32 on an AMX Xeon (forward x1.6, backward x5-6: benchmarks/profile.py), and T x T is small work
+        if q.dtype == torch.bfloat16 and q.device.type == "cpu":
+            q, k, v = q.float(), k.float(), v.float()
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=self.attn_drop if self.training else 0.0)
         y = y.transpose(1, 2).reshape(B * T, H)
         y = y if keep is None else y.index_select(0, keep)  # (N, H)
@@ -457,6 +461,24 @@ def bf16_products(precision, device_type):
     return Bf16Products() if emulate else contextlib.nullcontext()
 
 
+@contextlib.contextmanager
+def frozen(model):
+    """A block in which model's weights require no grad, so that its layers keep their products' weights for the
+    whole block (Layer.products: q, k, v concatenated and cast once, not once a batch); after it the flags are put
+    back and, for a model that learns, what its layers kept is dropped (a kept copy must never outlive a weight
+    that can change: Layer.products says why)."""
+    flags = [p.requires_grad for p in model.parameters()]
+    model.requires_grad_(False)
+    try:
+        yield model
+    finally:
+        for p, flag in zip(model.parameters(), flags):
+            p.requires_grad_(flag)
+        if any(flags):
+            for layer in model.encoder.layer:
+                layer.kept = None
+
+
 def encode(model, tokenizer, sentences, pooling=None, layer=-1, batch_size=64, dropout=False, progress=None,
            precision="fp32"):
     """Embed sentences: numpy float32 (n, H), in input order. Batches hold sentences of similar length,
@@ -497,7 +519,7 @@ def encode_many(model, tokenizer, sentences, specs, batch_size=64, dropout=False
     # autocast keeps no cast weights under inference_mode, hence no_grad there
     bf16 = precision == "bf16"
     with torch.no_grad() if bf16 else torch.inference_mode(), bf16_products(precision, device.type), \
-            torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+            torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16), frozen(model):
         for s in range(0, len(order), batch_size):
             idx = order[s:s + batch_size]
             ids, mask = batch_tensors([encodings[i] for i in idx], model.config.pad_token_id, device)

@@ -116,7 +116,9 @@ def bench_mlm_precision(results, args):
     printed), in both of its modes: a sentence a sequence (batches of 128 sentences of the data folder's text) and
     packed segments of 112-128 tokens (the same sentences packed in text order, 20 to a pseudo-document: the packed
     shape, for timing); then the held-out MLM loss and accuracy after the same short run in each precision (same init,
-    batches and masks), which must agree closely."""
+    batches and masks), which must agree closely. The step is timed at BERT-Mini's shape in both modes, and at
+    bert-base's width and depth (12 x 768) with sentences (two batches, at most 3 repeats: seconds a step). Target on a
+    CPU with a bf16 unit: bf16 >= 3x fp32's tokens/s."""
     import pretrain
     path = minilm_path()
     if path is None:
@@ -135,24 +137,29 @@ def bench_mlm_precision(results, args):
     print(f"  {kind['model']} | capability {kind['capability']} | bf16 matrix unit: "
           f"{'yes' if kind['bf16_unit'] else 'no (bf16 products emulated in fp32 here)'} | "
           f"{torch.get_num_threads()} threads")
-    for mode, items in (("sentences", sentences), ("packed", packed)):
+    cases = ((BERT_MINI, "sentences", sentences, n_batches), (BERT_MINI, "packed", packed, n_batches),
+             (BERT_BASE_SHAPE, "sentences", sentences, 2))
+    for shape, mode, items, n in cases:
         run["items"] = items
         order = pretrain.Order(list(range(len(items))), [len(t.ids) for t in items], per_batch, 1)
-        batches = [pretrain.step_batch(run, order.batch(i), order.generator(i)) for i in range(n_batches)]
+        batches = [pretrain.step_batch(run, order.batch(i), order.generator(i)) for i in range(n)]
         tokens = sum(int(b[1].sum()) for b in batches)
         fns = {}
         for precision in ("fp32", "bf16"):
-            pargs = pretrain.get_args([*common, "--precision", precision])
+            pargs = pretrain.get_args([*common, "--precision", precision, *shape_flags(shape)])
             model, head, opt = pretrain.build(pargs, run["vocab_size"])
             tracked = [p for g in opt.param_groups for p in g["params"]]
-            fns[precision] = (lambda m=model, h=head, o=opt, t=tracked, p=precision: steps_in(
-                p, device, lambda: [pretrain.mlm_step(m, h, o, t, b, 1e-4, 1.0) for b in batches]))
-        secs = time_alternating(fns, repeats=args.repeats, sync=cuda_sync(device))
+            fns[precision] = (lambda m=model, h=head, o=opt, t=tracked, p=precision, bs=batches: steps_in(
+                p, device, lambda: [pretrain.mlm_step(m, h, o, t, b, 1e-4, 1.0) for b in bs]))
+        repeats = args.repeats if shape == BERT_MINI else min(args.repeats, 3)  # 12 x 768: seconds a step
+        secs = time_alternating(fns, repeats=repeats, sync=cuda_sync(device))
         tps = {k: tokens / s for k, s in secs.items()}
-        out["modes"][mode] = dict(tokens_per_step=tokens / n_batches, tokens_per_s=tps, bf16_speedup=tps["bf16"] /
-                                  tps["fp32"], batches=n_batches, sequences_per_step=per_batch)
-        print(f"  {mode:9s} {per_batch} a step ({tokens / n_batches:,.0f} tokens): fp32 {tps['fp32']:,.0f} tok/s   bf16 "
-              f"{tps['bf16']:,.0f} tok/s   bf16 speed-up {verdict(tps['bf16'] / tps['fp32'], 2.0)}")
+        key = mode if shape == BERT_MINI else f"{'x'.join(map(str, shape[:2]))} {mode}"
+        out["modes"][key] = dict(tokens_per_step=tokens / n, tokens_per_s=tps, bf16_speedup=tps["bf16"] / tps["fp32"],
+                                 batches=n, sequences_per_step=per_batch, shape=shape, repeats=repeats)
+        print(f"  {key:16s} {per_batch} a step ({tokens / n:,.0f} tokens): fp32 {tps['fp32']:,.0f} tok/s   bf16 "
+              f"{tps['bf16']:,.0f} tok/s   bf16 speed-up {verdict(tps['bf16'] / tps['fp32'], 3.0)}", flush=True)
+        del fns
     run["items"] = sentences
     out["agreement"] = mlm_agreement(pretrain, run, common, 100, 64, device)
     a = out["agreement"]
@@ -161,6 +168,13 @@ def bench_mlm_precision(results, args):
           f"{a['fp32']['mlm_acc']:.4f} bf16 {a['bf16']['mlm_acc']:.4f}; training loss curves differ by at most "
           f"{a['max_train_loss_diff']:.4f}")
     results["mlm-precision"] = out
+
+
+BERT_MINI, BERT_BASE_SHAPE = (4, 256, 4), (12, 768, 12)  # (layers, hidden, heads): pretrain.py's default; bert-base's
+
+
+def shape_flags(shape):
+    return ["--layers", str(shape[0]), "--hidden", str(shape[1]), "--heads", str(shape[2])]
 
 
 def mlm_inputs(args, common, per_batch):

@@ -462,3 +462,21 @@ def test_header_names_the_cpu_kind_and_warns_on_a_busy_machine(load, busy, tmp_p
         assert not warning and lines[1] == "== loss"
     env = json.loads((tmp_path / "b.json").read_text())["env"]
     assert env["cpu"] == kind and env["load_avg"] == load and env["cpus"] == 2
+
+
+@pytest.mark.slow
+def test_profile_writes_a_table_of_each_workload_and_precision(minilm_path, shared_data, tmp_path, capsys):
+    """The profile section's tables: one file per workload and precision, each naming the machine and the unprofiled
+    time in its first line, then torch.profiler's operators by self time (the products among them)."""
+    out = tmp_path / "prof"
+    bench.main(["--only", "profile", "--profile-workloads", "encode-minilm", "--profile-out", str(out), "--threads",
+                "1", "--json", str(tmp_path / "b.json")])
+    files = sorted(p.name for p in out.iterdir())
+    assert files == ["encode-minilm-bf16.txt", "encode-minilm-fp32.txt"]
+    for f in files:
+        text = (out / f).read_text()
+        assert "ms a call" in text.splitlines()[0] and "'amx'" in text.splitlines()[0]
+        assert "Self CPU" in text and "aten::addmm" in text
+    rec = json.loads((tmp_path / "b.json").read_text())["profile"]
+    assert set(rec["ms"]) == {"encode-minilm-fp32", "encode-minilm-bf16"} and rec["threads"] == 1
+    assert "bf16 speed-up x" in capsys.readouterr().out

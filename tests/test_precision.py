@@ -70,3 +70,30 @@ def test_a_layer_that_learns_keeps_nothing_even_under_no_grad(model):
     before, version = w.detach().clone(), w._version
     opt.step()
     assert not torch.equal(w, before) and w._version == version  # (!!) changed in place, its version unchanged
+
+
+
+def test_an_encoding_keeps_the_products_of_a_model_that_learns_only_while_it_runs(tmp_path, tiny_config, monkeypatch):
+    """bert.encode freezes the model for its batches (each layer's weights cast and concatenated once, not once a
+    batch), with the numbers of an encoding that casts them at every batch, then gives the model back as it was: its
+    weights require grad again and nothing kept outlives the call."""
+    import contextlib
+
+    from conftest import tiny_model_folder
+    folder = tiny_model_folder(tmp_path / "m", tiny_config, words="a man dog runs".split())
+    m, tok = bert.Bert.from_pretrained(folder).requires_grad_(True), bert.load_tokenizer(folder)
+    sentences = ["a man runs", "a dog", "a dog runs a man"] * 30
+    kept, products = [], bert.Layer.products
+
+    def spy(self, device_type):
+        out = products(self, device_type)
+        kept.append(self.kept is not None)
+        return out
+    monkeypatch.setattr(bert.Layer, "products", spy)
+    got = bert.encode(m, tok, sentences, batch_size=8, precision="bf16")
+    assert len(kept) > 2 * len(m.encoder.layer) and all(kept)  # kept through every batch
+    assert all(p.requires_grad for p in m.parameters()) and all(layer.kept is None for layer in m.encoder.layer)
+    monkeypatch.setattr(bert, "frozen", lambda model: contextlib.nullcontext())  # as before: cast at every batch
+    kept.clear()
+    want = bert.encode(m, tok, sentences, batch_size=8, precision="bf16")
+    assert not any(kept) and (got == want).all()
