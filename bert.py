@@ -159,10 +159,13 @@ class Layer(nn.Module):
         q, k, v = qkv.permute(2, 0, 3, 1, 4)  # each (B, nh, T, hs)
         # padding keys are never attended to, so the outputs at real tokens do not depend on the padding.
         # (!!) On a CPU the attention runs in fp32 under bf16 autocast: torch's CPU flash attention in bf16 ran slower
-        # than in fp32 on an AMX Xeon (forward x1.6, backward x5-6: benchmarks/profile.py), and T x T is small work
-        if q.dtype == torch.bfloat16 and q.device.type == "cpu":
-            q, k, v = q.float(), k.float(), v.float()
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=self.attn_drop if self.training else 0.0)
+        # than in fp32 on an AMX Xeon (forward x1.6, backward x5-6: benchmarks/profile.py), and T x T is small work.
+        # Autocast would cast fp32 q, k, v back to bf16 (attention is on its CPU list), hence the region without it
+        fp32 = q.dtype == torch.bfloat16 and q.device.type == "cpu"
+        with torch.autocast("cpu", enabled=False) if fp32 else contextlib.nullcontext():
+            q, k, v = (q.float(), k.float(), v.float()) if fp32 else (q, k, v)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
+                                               dropout_p=self.attn_drop if self.training else 0.0)
         y = y.transpose(1, 2).reshape(B * T, H)
         y = y if keep is None else y.index_select(0, keep)  # (N, H)
         x = self.attention.output.LayerNorm(x + self.dropout(F.linear(y, *attn_p)))

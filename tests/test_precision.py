@@ -97,3 +97,23 @@ def test_an_encoding_keeps_the_products_of_a_model_that_learns_only_while_it_run
     kept.clear()
     want = bert.encode(m, tok, sentences, batch_size=8, precision="bf16")
     assert not any(kept) and (got == want).all()
+
+
+def test_under_bf16_autocast_a_cpu_runs_the_attention_in_fp32(model, monkeypatch):
+    """Autocast puts scaled_dot_product_attention on its CPU bf16 list: the layer turns it off for the attention,
+    whose q, k, v (and output) are fp32 there, in the forward as in the backward."""
+    import torch.nn.functional as F
+    dtypes, sdpa = [], F.scaled_dot_product_attention
+
+    def spy(q, k, v, **kw):
+        y = sdpa(q, k, v, **kw)
+        dtypes.append((q.dtype, y.dtype))
+        return y
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    model.train().requires_grad_(True)
+    ids, mask = batch()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        hs = model(ids, mask)
+    hs[-1].float().sum().backward()
+    assert dtypes == [(torch.float32, torch.float32)] * model.config.num_hidden_layers
+    assert hs[-1].dtype == torch.float32  # LayerNorm's output, as before
