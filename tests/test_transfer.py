@@ -10,14 +10,14 @@ import numpy as np
 import pytest
 import torch
 
-import bench
+import benchmarks.transfer
 import data
 import evaluate
 import transfer
 from data import DataError
 from conftest import tiny_model_folder
 
-SENTEVAL = bench.senteval_dir()  # $SENTEVAL_DIR: a checkout of facebookresearch/SentEval
+SENTEVAL = benchmarks.transfer.senteval_dir()  # $SENTEVAL_DIR: a checkout of facebookresearch/SentEval
 
 
 @pytest.fixture(autouse=True)
@@ -147,7 +147,7 @@ def test_fit_equals_senteval_mlp():
     pytest.importorskip("sklearn", reason="SentEval's package imports scikit-learn")
     if not (SENTEVAL / "senteval" / "tools" / "classifier.py").is_file():
         pytest.skip(f"no SentEval reference copy at {SENTEVAL} (set SENTEVAL_DIR: README.md#evaluate-and-export)")
-    bench.import_senteval()  # SentEval's code, adapted to a CPU as bench.py runs it
+    benchmarks.transfer.import_senteval()  # SentEval's code, adapted to a CPU as bench.py runs it
     from senteval.tools.classifier import MLP
     X, y = toy_problem(n=300, d=5, C=2, noise=0.7, seed=1)
     cfg = {"optim": "adam", "batch_size": 64, "tenacity": 5, "epoch_size": 4, "max_epoch": 40}
