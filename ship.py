@@ -167,20 +167,22 @@ def card(name, rec, rows):
              f"| made on | {cpu.get('model', rec.get('device'))} ({cpu.get('capability', '')}), torch "
              f"{rec.get('torch')}, {a.get('threads')} threads, {a.get('precision')}: {hours:.2f} h of training in "
              f"{len(rec.get('parts', [])) or 1} part(s), code {rec.get('git')} |", "",
-             "## Its command", "", "```bash",
-             f"python corpus.py   # text/packages.txt: sha256 {first_file(text).get('sha256', '?')}",
-             f"python pretrain.py --name {a['name']} --add-text text/packages.txt {flags}"
-             + (" --pack" if a.get("pack") else ""), "```", "",
+             "## Its command", "", "```bash", *command(a, text, flags), "```", "",
              "The same command on the same CPU kind and thread count gives the same bytes (pretrain.py: the batches, "
              "masks and float sums are fixed by the seed and the threads).", "",
              "## Its text", "",
              f"{text.get('train_sentences', 0):,} training sentences ({text.get('train_tokens', 0):,} tokens) and "
              f"{text.get('held_out_sentences', 0):,} held out. Left out: {text.get('left_out', '?')}: no evaluation "
              "sentence is in it.", "", "| source | package (registry, version) | licence | words |", "|---|---|---|---|"]
+    sources = first_file(text).get("built_by", {}).get("sources", [])
     lines += [f"| {s['name']} | {s['package']} ({s['registry']}, {s['version']}) | {s['licence']} | {s['words']:,} |"
-              for s in first_file(text).get("built_by", {}).get("sources", [])]
-    lines += ["", "And the data folder's unlabelled sentences (its README and MANIFEST.tsv name each file's origin and "
-              "terms), less every evaluation sentence: " + ", ".join(
+              for s in sources]
+    if not sources:  # the data folder's text alone (or a --text file corpus.py did not write): no package table
+        lines = lines[:-3] if not text.get("files") else lines[:-2] + [
+            f"Its text file: {first_file(text).get('name')} (sha256 `{first_file(text).get('sha256', '?')}`), "
+            "not written by corpus.py: its sources are not recorded."]
+    lines += ["", ("And the" if sources else "The") + " data folder's unlabelled sentences (its README and "
+              "MANIFEST.tsv name each file's origin and terms), less every evaluation sentence: " + ", ".join(
                   f"{s['name']} {s['kept']:,}" for s in text.get("sources", []) if not s["name"].startswith("--add"))
               + ".", "", "## Its rows here", "",
               "The 7 STS tasks' average (Spearman x100, `all` protocol; mean +- std over seeds) of the runs made on "
@@ -196,6 +198,17 @@ def card(name, rec, rows):
         lines.append(f"| {row} | {len(avgs)} | {statistics.mean(avgs):.2f}{spread} | {where} | "
                      f"`python {' '.join([script, '--model', name, *flags])}{seeded}` |")
     return "\n".join(lines) + "\n"
+
+
+def command(a, text, flags):
+    """How the record's text was made and pretrain.py's command: corpus.py and --add-text when its text came from
+    there, a --text or --add-text file by its name, else the data folder's text alone (no text flag)."""
+    f = first_file(text)
+    if not f:
+        return [f"python pretrain.py --name {a['name']} {flags}" + (" --pack" if a.get("pack") else "")]
+    made = [f"python corpus.py   # text/{f.get('name')}: sha256 {f.get('sha256', '?')}"] if f.get("built_by") else []
+    return made + [f"python pretrain.py --name {a['name']} {f.get('flag', '--add-text')} text/{f.get('name')} {flags}"
+                   + (" --pack" if a.get("pack") else "")]
 
 
 def grouped(rows):

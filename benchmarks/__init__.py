@@ -13,4 +13,5 @@ them, they import the top-level modules, and no top-level module imports them.
     pretrain.py   pretrain, allocator (pretrain.py's masked-LM step)
     compile.py    compile (torch.compile vs eager)
     gpu.py        gpu (every GPU check in one command)
+    profile.py    profile (torch.profiler's top operators of fp32 and bf16 steps, by name)
 """

