@@ -591,6 +591,11 @@ def add_method_flags(a):
       help="which BERT_F hidden states give views, as a Python slice A:B over 0..l (default: all)")
     a("--no-proj", action="store_true", help="ablation: no projection head f (the loss sees BERT vectors directly)")
     a("--proj-size", type=at_least(1), default=4096, help="width of the projection head f (default: %(default)s)")
+    add_own_flags(a)
+
+
+def add_own_flags(a):
+    """The settings only one method (or one family) has: whitening's, PromptBERT's, ESimCSE's, SSCL's, DiffCSE's."""
     a("--whiten-dim", type=at_least(1), help="whitening: keep the first K dimensions (default: all H)")
     a("--template", type=template_flag, help="promptbert: side 1's template, also the one evaluated and recorded in "
       "the checkpoint: one [X] (the sentence) and one [MASK] (whose vector is the sentence's) (method: "

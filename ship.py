@@ -173,14 +173,15 @@ def card(name, rec, rows):
              "## Its text", "",
              f"{text.get('train_sentences', 0):,} training sentences ({text.get('train_tokens', 0):,} tokens) and "
              f"{text.get('held_out_sentences', 0):,} held out. Left out: {text.get('left_out', '?')}: no evaluation "
-             "sentence is in it.", "", "| source | package (registry, version) | licence | words |", "|---|---|---|---|"]
+             "sentence is in it."]
     sources = first_file(text).get("built_by", {}).get("sources", [])
-    lines += [f"| {s['name']} | {s['package']} ({s['registry']}, {s['version']}) | {s['licence']} | {s['words']:,} |"
-              for s in sources]
-    if not sources:  # the data folder's text alone (or a --text file corpus.py did not write): no package table
-        lines = lines[:-3] if not text.get("files") else lines[:-2] + [
-            f"Its text file: {first_file(text).get('name')} (sha256 `{first_file(text).get('sha256', '?')}`), "
-            "not written by corpus.py: its sources are not recorded."]
+    if sources:  # corpus.py's text: its packages and their licences
+        lines += ["", "| source | package (registry, version) | licence | words |", "|---|---|---|---|"]
+        lines += [f"| {s['name']} | {s['package']} ({s['registry']}, {s['version']}) | {s['licence']} | "
+                  f"{s['words']:,} |" for s in sources]
+    elif text.get("files"):  # a --text / --add-text file corpus.py did not write
+        lines += ["", f"Its text file: {first_file(text).get('name')} (sha256 `{first_file(text).get('sha256', '?')}`), "
+                  "not written by corpus.py: its sources are not recorded."]
     lines += ["", ("And the" if sources else "The") + " data folder's unlabelled sentences (its README and "
               "MANIFEST.tsv name each file's origin and terms), less every evaluation sentence: " + ", ".join(
                   f"{s['name']} {s['kept']:,}" for s in text.get("sources", []) if not s["name"].startswith("--add"))
