@@ -81,6 +81,7 @@ class Experiment:
     transfer: tuple = ()  # the transfer tasks whose data it reads (checked before any run)
     fresh: bool = False  # its runs are never copied from another experiment's (timings from one sweep)
     then_seeds: int = 0  # > 0: only the runs of the sweep's first N seeds take their variant's second step
+    significance: bool = False  # the report sets every row against SimCSE and SG-OPT (report.add_significance)
 
 
 WHITENING = Variant("whitening", ["--loss", "whitening"], seeded=False)
@@ -206,7 +207,8 @@ EXPERIMENTS = {
        "SimCSE's). sg-opt-mean and sg-opt-sscl are ours: SG-OPT with BERT_T's mean-pooled last layer as c_i, and "
        "SG-OPT with BERT_T's own two layers below the last as negatives. diffcse needs a masked-LM generator of the "
        "model's vocabulary: the model's own (a pretrain.py model), else --generator MODEL (MiniLM: a raw model's). The "
-       "leaderboard's trained rows are these runs (its first seed's checkpoints take its transfer step)."),
+       "leaderboard's trained rows are these runs (its first seed's checkpoints take its transfer step).",
+       significance=True),
     "curve": Experiment("The paper's effect as a function of pretraining: [CLS], mean, whitening, SG-OPT, SimCSE", [
         Variant("cls", ["--pooling", "cls"], {"BERT-base": "31.40"}, evaluate_only=True),
         Variant("mean", ["--pooling", "mean"], {"BERT-base": "52.57"}, evaluate_only=True),
@@ -240,7 +242,7 @@ EXPERIMENTS = {
        "without a masked-LM head takes --generator MODEL of its vocabulary (MiniLM: a raw model's). Transfer: the 7 SentEval tasks, the paper's "
        "classifier, on the first seed's run of each method. The paper figures are each method's own paper on "
        "BERT-base ('all' protocol unless marked; whitening and flow: their papers' 'target' fits in 'wmean').",
-       table="leaderboard", transfer=tuple(data.TRANSFER), then_seeds=1),
+       table="leaderboard", transfer=tuple(data.TRANSFER), then_seeds=1, significance=True),
 }
 
 

@@ -237,7 +237,20 @@ def sts_table(exp, summary, paper=True):
         lines += table(["variant", "train (min)", "ms/step", "STS-B test inference (s)", "best step"], [
             [v, f"{r['wall_seconds'][0] / 60:.1f}", f"{r['ms_per_step'][0]:.0f}", f"{r['test_seconds'][0]:.1f}",
              "" if r["best_step"] is None else f"{r['best_step'][0]:.0f}"] for v, r in trained.items()])
-    return lines
+    return lines + significance_table(summary)
+
+
+def significance_table(summary):
+    """The STS table's rows against SimCSE and SG-OPT (the leaderboard's significance columns, as a table of their
+    own), explained under it; none when no row was set against a reference (add_significance)."""
+    refs = [r for r in REFERENCES if r in summary]
+    rows = [[v, *[significance_cell(r["vs"].get(ref, {}), k) if ref != v else "-" for ref in refs
+                  for k in ("seeds", "pairs")]] for v, r in summary.items() if "vs" in r]
+    if not refs or not rows:
+        return []
+    head = ["variant", *[f"vs {LABELS.get(r, r)}: {k}" for r in refs for k in ("seeds", "STS pairs")]]
+    return ["", *table(head, rows), "", SIGNIFICANCE_NOTE.format(refs=" and ".join(LABELS.get(r, r) for r in refs),
+                                                                 n=BOOTSTRAP, seed=BOOTSTRAP_SEED)]
 
 
 def transfer_table(exp, summary):
@@ -346,7 +359,7 @@ SIGNIFICANCE_NOTE = (
 # -----------------------------------------------------------------------------
 # significance: each leaderboard row against SimCSE and SG-OPT, over the seeds and over the STS test pairs
 
-REFERENCES = ("simcse", "sg-opt")  # the rows every row of the leaderboard is set against
+REFERENCES = ("simcse", "sg-opt")  # the rows every row is set against (the leaderboard, the methods experiment)
 BOOTSTRAP, BOOTSTRAP_SEED = 1000, 0  # resamples of the test pairs, and numpy's seed for them
 MATCH = 0.05  # how far (Spearman x100) a cosines file's own score of a task may be from its record's
 
@@ -489,7 +502,7 @@ def report(name, exp, out, plot=None, left_out=None, expect=None):
         print(bad_record_line(path, why), file=sys.stderr, flush=True)
     if not summary:
         return None
-    if exp.table == "leaderboard":
+    if exp.significance:
         add_significance(summary, recs, out / name)
     lines = [f"## {name}: {exp.title}", "", *models_line(recs, out / name), *TABLES[exp.table](exp, summary)]
     lines += [""] + [f"Missing: {p.parent.name}/{p.name} ({why})" for p, why in bad] if bad else []

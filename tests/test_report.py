@@ -191,6 +191,27 @@ def test_a_leaderboard_without_a_reference_row_has_no_columns_of_it(tmp_path, ca
     md = (tmp_path / "leaderboard/results.md").read_text()
     assert "vs SimCSE" not in md and "| n/a (n < 2) | n/a (SG-OPT: no per-pair cosines) |" in md
 
+def test_the_methods_experiment_has_its_rows_intervals_as_a_table_of_their_own(tmp_path, capsys):
+    """The STS-only methods experiment (no per-pair cosines: its runs have no evaluate.py step) sets every row
+    against SimCSE and SG-OPT by Welch over the seeds; a report without them (table1) has no such table."""
+    folder = tmp_path / "methods"
+    for row, avgs in (("simcse", [77.4, 77.3, 77.35]), ("sg-opt", [78.1, 78.6, 77.6]), ("esimcse", [75.0, 74.8])):
+        write_row(folder, row, None, avgs)
+    write_row(folder, "sscl", None, [79.0])
+    report.report("methods", experiments.EXPERIMENTS["methods"], tmp_path)
+    md = (folder / "results.md").read_text()
+    assert "| variant | vs SimCSE: seeds | vs SimCSE: STS pairs | vs SG-OPT: seeds | vs SG-OPT: STS pairs |" in md
+    rows = {c[0]: c[1:] for line in md.splitlines() if line.startswith("| ") and line.count("|") == 6
+            for c in [[x.strip() for x in line.strip("|").split("|")]]}
+    x = stats.ttest_ind([75.0, 74.8], [77.4, 77.3, 77.35], equal_var=False).confidence_interval(0.95)
+    assert rows["esimcse"][0] == f"{75.0 / 2 + 74.8 / 2 - 77.35:+.2f} [{x.low:+.2f}, {x.high:+.2f}] worse"
+    assert rows["esimcse"][1] == "n/a (no per-pair cosines)" and rows["sscl"][0] == "n/a (n < 2)"
+    assert rows["simcse"][:2] == ["-", "-"] and rows["sg-opt"][2:] == ["-", "-"]
+    assert "Welch's t interval on the per-seed averages" in md
+    write_row(tmp_path / "table1", "sg-opt", None, [78.0, 78.5])
+    report.report("table1", experiments.EXPERIMENTS["table1"], tmp_path)
+    assert "vs SG-OPT" not in (tmp_path / "table1/results.md").read_text()
+
 # -----------------------------------------------------------------------------
 # evaluate.py --cosines-out
 
