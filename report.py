@@ -244,13 +244,10 @@ def significance_table(summary):
     """The STS table's rows against SimCSE and SG-OPT (the leaderboard's significance columns, as a table of their
     own), explained under it; none when no row was set against a reference (add_significance)."""
     refs = [r for r in REFERENCES if r in summary]
-    rows = [[v, *[significance_cell(r["vs"].get(ref, {}), k) if ref != v else "-" for ref in refs
-                  for k in ("seeds", "pairs")]] for v, r in summary.items() if "vs" in r]
+    rows = [[v, *significance_cells(v, r, refs)] for v, r in summary.items() if "vs" in r]
     if not refs or not rows:
         return []
-    head = ["variant", *[f"vs {LABELS.get(r, r)}: {k}" for r in refs for k in ("seeds", "STS pairs")]]
-    return ["", *table(head, rows), "", SIGNIFICANCE_NOTE.format(refs=" and ".join(LABELS.get(r, r) for r in refs),
-                                                                 n=BOOTSTRAP, seed=BOOTSTRAP_SEED)]
+    return ["", *table(["variant", *significance_head(refs)], rows), "", significance_note(refs)]
 
 
 def transfer_table(exp, summary):
@@ -313,8 +310,7 @@ def leaderboard_table(exp, summary):
     each method's difference from SimCSE and SG-OPT with its intervals (significance), explained under the table."""
     refs = [r for r in REFERENCES if r in summary]
     head = ["method", "n", *[SHORT.get(t, t) for t in TASKS], "avg", "transfer avg (n)", "train (min)", "ms/step",
-            "STS-B test inference (s)", "own paper (BERT-base)",
-            *[f"vs {LABELS.get(r, r)}: {k}" for r in refs for k in ("seeds", "STS pairs")]]
+            "STS-B test inference (s)", "own paper (BERT-base)", *significance_head(refs)]
     rows = []
     for v in exp.variants:
         r = summary.get(v.name)
@@ -323,15 +319,27 @@ def leaderboard_table(exp, summary):
         n, sts, tr = len(r["seeds"]), r.get("sts", {}), r.get("transfer", {}).get("avg")
         train, step = r.get("train_seconds"), r.get("ms_per_step")
         inf = r.get("inference_seconds") if "wall_seconds" in r else r.get("stsb_seconds")
-        vs = [significance_cell(r.get("vs", {}).get(ref, {}), k) if ref != v.name else "-"
-              for ref in refs for k in ("seeds", "pairs")]
         rows.append([v.name, str(n), *[cell(sts.get(t), n) for t in [*TASKS, "avg"]],
                      f"{cell(tr, r['transfer_n'])} ({r['transfer_n']})" if tr else "",
                      f"{train[0] / 60:.1f}" if train else "", f"{step[0]:.0f}" if step and step[0] else "",
-                     f"{inf[0]:.1f}" if inf else "", next(iter(v.paper.values()), ""), *vs])
+                     f"{inf[0]:.1f}" if inf else "", next(iter(v.paper.values()), ""), *significance_cells(v.name, r, refs)])
     return [f"Spearman x100, `all` protocol, mean +- std over seeds; transfer: accuracy x100. {exp.note}", "",
-            *table(head, rows), *(["", SIGNIFICANCE_NOTE.format(refs=" and ".join(LABELS.get(r, r) for r in refs),
-                                                             n=BOOTSTRAP, seed=BOOTSTRAP_SEED)] if refs else [])]
+            *table(head, rows), *(["", significance_note(refs)] if refs else [])]
+
+
+def significance_head(refs):
+    return [f"vs {LABELS.get(r, r)}: {k}" for r in refs for k in ("seeds", "STS pairs")]
+
+
+def significance_cells(name, r, refs):
+    """Row `name`'s cells against each reference (summary row r): '-' against itself."""
+    return [significance_cell(r.get("vs", {}).get(ref, {}), k) if ref != name else "-"
+            for ref in refs for k in ("seeds", "pairs")]
+
+
+def significance_note(refs):
+    return SIGNIFICANCE_NOTE.format(refs=" and ".join(LABELS.get(r, r) for r in refs), n=BOOTSTRAP,
+                                    seed=BOOTSTRAP_SEED)
 
 
 def significance_cell(x, kind):
@@ -357,7 +365,7 @@ SIGNIFICANCE_NOTE = (
 
 
 # -----------------------------------------------------------------------------
-# significance: each leaderboard row against SimCSE and SG-OPT, over the seeds and over the STS test pairs
+# significance: each row (leaderboard, methods) against SimCSE and SG-OPT, over the seeds and over the STS test pairs
 
 REFERENCES = ("simcse", "sg-opt")  # the rows every row is set against (the leaderboard, the methods experiment)
 BOOTSTRAP, BOOTSTRAP_SEED = 1000, 0  # resamples of the test pairs, and numpy's seed for them

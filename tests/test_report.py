@@ -191,6 +191,7 @@ def test_a_leaderboard_without_a_reference_row_has_no_columns_of_it(tmp_path, ca
     md = (tmp_path / "leaderboard/results.md").read_text()
     assert "vs SimCSE" not in md and "| n/a (n < 2) | n/a (SG-OPT: no per-pair cosines) |" in md
 
+
 def test_the_methods_experiment_has_its_rows_intervals_as_a_table_of_their_own(tmp_path, capsys):
     """The STS-only methods experiment (no per-pair cosines: its runs have no evaluate.py step) sets every row
     against SimCSE and SG-OPT by Welch over the seeds; a report without them (table1) has no such table."""
