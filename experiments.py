@@ -4,23 +4,24 @@ run over seeds, resumably, and reported as mean +- std over seeds beside the pap
 (EXPERIMENTS, the part a researcher edits) and the command line; sweep.py runs the runs, report.py makes the tables
 (and `report-curve`'s: the curve experiment's rows over several models' folders, by tokens seen in pretraining).
 
-Each run is `python train.py ...` (or `python evaluate.py ...` for an untrained baseline) in a subprocess with a
-process group of its own, writing <out>/<experiment>/<variant>/seed-<s>.{safetensors,json,log} (eval.json for an
-evaluation, fit.json for a fit that no seed changes, such as whitening: both run once). The record (.json) appears,
-atomically, only when the run has finished, and only such a record counts: re-running the same command skips the
-finished runs, so a killed sweep loses at most the run in flight. A record that is not valid JSON of a run's shape,
-or that a sweep finds to be another run's (other flags or seed, other base weights, another text in its --data file:
-the table was edited, the model replaced, the file rewritten), is named with what to do and left out of the tables,
-never run over. A run in flight holds .seed-<s>.json.lock beside its record (checkpoint.output_lock: an flock, so the
-lock of a dead owner is taken over), so sweeps of one experiment on one --out share its runs: each run is run once,
-and a sweep waits for the runs that another live sweep holds before it reports. A run whose command equals a finished run of another experiment (SG-OPT
-with the defaults is in several) is not run again: its record is copied, naming the source (except in table6, whose
-timings come from one sweep). A run whose training equals such a run's and whose second step differs (Table 4's
-SG-OPT: Table 1's, then transfer) takes that run's checkpoint, while it is still beside its record and the file that
-run wrote (its sha256), and runs only its own second step. A row of a report averages the runs of one setting (the
-flags but the seed, the base weights, the --data file's text): the sweep's own, or in `report` the one most of the
-row's runs share; a run of another setting is named and left out. A sweep flag that a row sets itself (recipe --lr)
-is refused: the row's own would win.
+Each run is `python train.py ...` (or `python evaluate.py ...` for an untrained baseline) in a subprocess with a process
+group of its own, writing <out>/<experiment>/<variant>/seed-<s>.{safetensors,json,log} (eval.json for an evaluation,
+fit.json for a fit that no seed changes, such as whitening: both run once). The record (.json) appears, atomically, only
+when the run has finished, and only such a record counts: re-running the same command skips the finished runs, so a
+killed sweep loses at most the run in flight. A record that is not valid JSON of a run's shape, or that a sweep finds to
+be another run's (other flags or seed, other base weights, another text in its --data file: the table was edited, the
+model replaced, the file rewritten), is named with what to do and left out of the tables, never run over. A run in
+flight holds .seed-<s>.json.lock beside its record (checkpoint.output_lock: an flock, so the lock of a dead owner is
+taken over), so sweeps of one experiment on one --out share its runs: each run is run once, and a sweep waits for the
+runs that another live sweep holds before it reports (give such sweeps the same --seeds: the leaderboard's transfer step
+goes to a sweep's first seed, so `--seeds 2 3` would give it to seed 2). A run whose command equals a finished run of
+another experiment (SG-OPT with the defaults is in several) is not run again: its record is copied, naming the source
+(except in table6, whose timings come from one sweep). A run whose training equals such a run's and whose second step
+differs (Table 4's SG-OPT: Table 1's, then transfer) takes that run's checkpoint, while it is still beside its record
+and the file that run wrote (its sha256), and runs only its own second step. A row of a report averages the runs of one
+setting (the flags but the seed, the base weights, the --data file's text): the sweep's own, or in `report` the one most
+of the row's runs share; a run of another setting is named and left out. A sweep flag that a row sets itself (recipe
+--lr) is refused: the row's own would win.
 
 Exit status: 0 when every run of the sweep is finished; 1 when a run failed, was held by another process
 (--no-wait), or has a bad record (or another run's) or lock; 2 for a usage error, ours or a run's (train.py's exit

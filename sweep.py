@@ -452,7 +452,9 @@ def copy_or_run(run, exp, out, key, shas, cmd, then, tag, t_sweep):
     run it (only its second step when another experiment's run trained this very model) and write its record."""
     record = run.path(".json")
     same = None if exp.fresh else find_finished(out, key, run.stem, needs(exp, run.v), shas)
-    if same:
+    if same:  # a log or cosines beside it are a killed run's (a copy has neither): never this record's
+        run.path(".log").unlink(missing_ok=True)
+        run.path(".npz", ".cosines").unlink(missing_ok=True)
         write_json(record, {**same[1], "same_as": same[0].relative_to(out).as_posix()})
         return "copied", same[0]
     trained = None if exp.fresh or not then else find_finished(

@@ -669,6 +669,21 @@ def test_leaderboard_transfers_the_first_seed_only_and_reports_every_method(fake
     assert "one epoch of the 17,256 STS-B sentences" in out
 
 
+def test_a_copied_record_has_no_killed_runs_log_beside_it(fake, capsys):
+    """A sweep killed in a run left its log (and hidden cosines); a later sweep that copies that run's record from
+    another experiment wrote the record beside the killed run's log, which then read as the record's own."""
+    record(fake.out / "methods/simcse/seed-2.json", **sts_record(60, seed=2),
+           key=str(RunKey("m", ("train.py", "--loss", "simcse", "--seed", "2", "--data-dir", str(fake.data)), 2)))
+    t = fake.out / "leaderboard/simcse"
+    t.mkdir(parents=True)
+    (t / "seed-2.log").write_text("evaluate.py --ckpt ... --tasks transfer\nevaluate.py: interrupted\n")
+    (t / ".seed-2.cosines.npz").write_bytes(b"partial")
+    experiments.main(["leaderboard", *fake.argv, "--variants", "simcse"])
+    assert json.loads((t / "seed-2.json").read_text())["same_as"] == "methods/simcse/seed-2.json"
+    assert not (t / "seed-2.log").exists() and not (t / ".seed-2.cosines.npz").exists()
+    assert (t / "seed-1.log").exists()  # a run's own log stays
+
+
 def test_the_leaderboards_first_seed_keeps_every_sts_pairs_cosine_beside_its_record(fake, capsys):
     """Each row's first run (an evaluation's one, a fit's, seed 1's second step) has evaluate.py write every STS test
     pair's cosine (--cosines-out, an output: not in the key), moved beside the record, which names it and its
