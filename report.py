@@ -322,7 +322,8 @@ def leaderboard_table(exp, summary):
         rows.append([v.name, str(n), *[cell(sts.get(t), n) for t in [*TASKS, "avg"]],
                      f"{cell(tr, r['transfer_n'])} ({r['transfer_n']})" if tr else "",
                      f"{train[0] / 60:.1f}" if train else "", f"{step[0]:.0f}" if step and step[0] else "",
-                     f"{inf[0]:.1f}" if inf else "", next(iter(v.paper.values()), ""), *significance_cells(v.name, r, refs)])
+                     f"{inf[0]:.1f}" if inf else "", next(iter(v.paper.values()), ""),
+                     *significance_cells(v.name, r, refs)])
     return [f"Spearman x100, `all` protocol, mean +- std over seeds; transfer: accuracy x100. {exp.note}", "",
             *table(head, rows), *(["", significance_note(refs)] if refs else [])]
 

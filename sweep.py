@@ -451,10 +451,10 @@ def copy_or_run(run, exp, out, key, shas, cmd, then, tag, t_sweep):
     """With the run's lock held: copy the record of a finished run of another experiment with the same key, else
     run it (only its second step when another experiment's run trained this very model) and write its record."""
     record = run.path(".json")
+    run.path(".npz", ".cosines").unlink(missing_ok=True)  # what a killed sweep's child left is never this run's
     same = None if exp.fresh else find_finished(out, key, run.stem, needs(exp, run.v), shas)
-    if same:  # a log or cosines beside it are a killed run's (a copy has neither): never this record's
-        run.path(".log").unlink(missing_ok=True)
-        run.path(".npz", ".cosines").unlink(missing_ok=True)
+    if same:
+        run.path(".log").unlink(missing_ok=True)  # a killed run's too (a copy has none; a run writes its own)
         write_json(record, {**same[1], "same_as": same[0].relative_to(out).as_posix()})
         return "copied", same[0]
     trained = None if exp.fresh or not then else find_finished(
@@ -463,7 +463,6 @@ def copy_or_run(run, exp, out, key, shas, cmd, then, tag, t_sweep):
         i = then.index("--ckpt") + 1
         then = [*then[:i], str(trained[0].with_suffix(".safetensors")), *then[i + 1:]]
     t0 = time.time()
-    run.path(".npz", ".cosines").unlink(missing_ok=True)  # what a killed sweep's child left is never this run's
     results = execute(run, cmd, then, tag, trained)
     if results is None:
         return "failed", run.path(".log")
