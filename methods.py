@@ -343,10 +343,16 @@ class MomentumQueue(State):
     def __init__(self, cfg, bert_T, tokenizer, device):
         import copy
         import torch
-        self.encoder = copy.deepcopy(bert_T).eval().requires_grad_(False)  # BERT_T at step 0: the base weights
-        # the EMA's pairs: BERT_T's frozen embeddings are BERT_F's, and so stay the encoder's (the code's EMA of two
-        # equal tensors only adds rounding)
-        pairs = [(e, t) for e, t in zip(self.encoder.parameters(), bert_T.parameters()) if t.requires_grad]
+        import bert
+        if cfg.momentum_init == "random":  # the code's: copied in __init__, before from_pretrained loads BERT
+            # BERT's init, drawn after the head's from train.build_run's seed: the same on every process
+            self.encoder = bert.Bert(bert_T.config).to(device).eval().requires_grad_(False)
+        else:  # BERT_T at step 0: the base weights
+            self.encoder = copy.deepcopy(bert_T).eval().requires_grad_(False)
+        # the EMA's pairs: every weight from a random start; from the base weights, BERT_T's trained ones only
+        # (its frozen embeddings are the encoder's already: the code's EMA of two equal tensors only adds rounding)
+        pairs = [(e, t) for e, t in zip(self.encoder.parameters(), bert_T.parameters())
+                 if t.requires_grad or cfg.momentum_init == "random"]
         self.ema, self.theta = map(list, zip(*pairs))
         self.m, self.size = cfg.momentum, cfg.queue_size
         self.queue = torch.zeros(0, bert_T.config.hidden_size, device=device)  # (<= Q, H), the oldest first
@@ -465,7 +471,7 @@ class Method:
 
 SG_ONLY = ("lam", "view_pooling", "teacher_dropout", "layers")  # flags that mean something for the SG family only
 CONTRASTIVE = (*SG_ONLY, "tau", "aug1", "aug2", "no_proj", "proj_size", "eval_every", "patience", "early_stop",
-               "overfit_batch", "eval_pooling")  # ... for any contrastive method
+               "select", "overfit_batch", "eval_pooling")  # ... for any contrastive method
 # ... for any method with gradient steps (--seed: the init, the order, the dropout masks; a whitening draws nothing)
 GRADIENT = ("lr", "weight_decay", "batch_size", "epochs", "max_steps", "log_every", "dropout", "seed")
 TWO_PASSES = "its side 2 is a second pass of BERT_T, not BERT_F's views"
@@ -525,6 +531,7 @@ METHODS = {
 DEFAULTS = dict(tau=0.01, lr=5e-5, batch_size=16, max_len=128, dropout="on", aug1="none", aug2="none")  # SG-OPT's
 OWN_FLAGS = {"whiten_dim": ("whitening",), "template": ("promptbert",), "template2": ("promptbert",),  # a method's
              "dup_rate": ("esimcse",), "queue_size": ("esimcse",), "momentum": ("esimcse",),  # own settings
+             "momentum_init": ("esimcse",),
              "neg_layers": ("sscl", "sg-opt-sscl"), "generator": ("diffcse",), "rtd_weight": ("diffcse",),
              "mask_rate": ("diffcse",)}
 
@@ -607,6 +614,9 @@ def add_own_flags(a):
       "negatives of every anchor (run.sh: neg_size; default: %(default)s)")
     a("--momentum", type=unit_interval, default=0.995, help="esimcse: the momentum encoder's EMA, m theta_m + (1 - m) "
       "theta_T once a step (run.sh; default: %(default)s)")
+    a("--momentum-init", choices=["random", "pretrained"], default="random", help="esimcse: the momentum "
+      "encoder's start: random (default: its code, which copies BERT before from_pretrained loads the weights, so "
+      "its log lists every momentum_model.* weight as newly initialised) or pretrained (a copy of --model)")
     a("--neg-layers", type=at_least(1), default=2, help="sscl, sg-opt-sscl: BERT_T's K hidden states below its last, "
       "pooled as the sentence vector, are negatives of every anchor (SSCL's --hard_negative_layers; default: "
       "%(default)s)")

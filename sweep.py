@@ -37,7 +37,7 @@ from cli import die, model_name
 from report import bad_record_line, get, needs, number, read_record, report, setting
 
 ROOT = Path(__file__).resolve().parent  # where train.py and evaluate.py are
-TRAIN_KEYS = ("best_step", "dev", "test", "steps", "stop", "wall_seconds", "test_seconds", "ms_per_step",
+TRAIN_KEYS = ("best_step", "base_dev", "dev", "test", "steps", "stop", "wall_seconds", "test_seconds", "ms_per_step",
               "fit_seconds")  # what a record keeps of train.py's result
 EVAL_FLAGS = {"--device": "--device", "--eval-batch-size": "--batch-size"}  # a sweep's flags that evaluate.py takes
 TRANSFER_TEXT = "{transfer_text}"  # a --data value: the file transfer_text() writes into --out
@@ -238,6 +238,10 @@ def other_run(rec, key, shas):
     if sha and theirs not in (None, sha):
         return (f"the record of a run on other weights named {key.model} (sha256 {theirs[:16]}..., this run's "
                 f"{sha[:16]}...)")
+    sha, theirs = (shas or {}).get("generator_sha256"), rec.get("generator_sha256")
+    if sha and theirs not in (None, sha):  # DiffCSE's generator: a model input like the base model
+        return (f"the record of a run with another generator named {last_value(key.command, '--generator')} "
+                f"(sha256 {str(theirs)[:16]}..., this run's {sha[:16]}...)")
     sha, theirs, data = (shas or {}).get("data_sha256"), rec.get("data_sha256"), data_file(key.command)
     if sha and theirs not in (None, sha):
         return (f"the record of a run on other data: --data {data} had sha256 {str(theirs)[:16]}... then, "
@@ -247,16 +251,23 @@ def other_run(rec, key, shas):
 
 def data_file(flags):
     """The file a train.py command trains on (its last --data, as argparse keeps), or None (STS-B's sentences)."""
-    files = [g[1] for g in flag_groups(flags) if g[0] == "--data" and len(g) > 1]
-    files += [g[0].partition("=")[2] for g in flag_groups(flags) if g[0].startswith("--data=")]
-    return files[-1] if files else None
+    return last_value(flags, "--data")
+
+
+def last_value(flags, flag):
+    """The value of a flag's last occurrence (argparse keeps the last), or None."""
+    values = [g[1] for g in flag_groups(flags) if g[0] == flag and len(g) > 1]
+    values += [g[0].partition("=")[2] for g in flag_groups(flags) if g[0].startswith(flag + "=")]
+    return values[-1] if values else None
 
 
 def hashes(cmd):
     """What a run's record names its inputs by, beside its key (which names them by name): the sha256 of the base
     model's weights and, for a run on a --data file, of that file as it is when the run starts."""
-    data = data_file(cmd[2:])
+    data, generator = data_file(cmd[2:]), last_value(cmd[2:], "--generator")
     out = {"model_sha256": model_sha256(cmd[cmd.index("--model") + 1])}
+    if generator:  # DiffCSE's generator, another model input (without the flag: --model itself)
+        out["generator_sha256"] = model_sha256(generator)
     return {**out, "data_sha256": file_sha256(data)} if data and os.path.isfile(data) else out
 
 

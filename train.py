@@ -96,6 +96,9 @@ def add_run_flags(a):
     a("--early-stop", default="code", choices=["code", "best"],
       help="code (default): count evaluations whose dev score fell below the previous evaluation's, over the whole "
            "run (the official code); best: count evaluations since the last new best")
+    a("--select", default="trained", choices=["trained", "any"],
+      help="trained (default): keep the best of the trained evaluations; step 0 is scored as the base model's bar "
+           "and never kept (the official codes); any (ours): keep the base model when nothing beats it")
     a("--out", default="sg.safetensors", help="where the best checkpoint is written (default: %(default)s)")
     a("--overwrite", action="store_true", help="allow an existing --out; it is replaced only once this run has a "
       "checkpoint to put in its place")
@@ -365,8 +368,9 @@ def evaluation(run, keeper, stats, step):
         dev = dev_score(run)
         keeper.offer(step, dev)
         stats["scores"].append(dev)
-        print(f"eval step {step} | STS-B dev {dev:.2f}"
-              + (f" | best {keeper.best['dev']:.2f} (step {keeper.best['step']})" if step else ""), flush=True)
+        best = keeper.best
+        print(f"eval step {step} | STS-B dev {dev:.2f}" + (" (the base model)" if not step else
+              f" | best {best['dev']:.2f} (step {best['step']})"), flush=True)
         if early_stop(stats["scores"], run.cfg.early_stop, run.cfg.patience):
             stop = f"early stop ({run.cfg.early_stop} rule, patience {run.cfg.patience})"
     return (stop or "early stop (rank 0)") if agree(run, stop is not None) else None
@@ -381,20 +385,25 @@ def dev_score(run):
 
 
 class BestCheckpoint:
-    """The best weights so far, in --out: written on each new best dev score, atomically. An existing --out (allowed
-    by --overwrite) is kept until this run has a checkpoint of its own: the step-0 weights (the base model) replace
-    it only at the end of a run in which nothing beat them."""
+    """The best weights so far, in --out: written on each new best dev score, atomically. Step 0 (the base model)
+    is scored as the bar, never selected (the official codes' rule), unless --select any: then the base weights are
+    written at the end of a run in which nothing beat them. An existing --out (allowed by --overwrite) is kept until
+    this run has a checkpoint of its own."""
 
     def __init__(self, run):
         self.run, self.out = run, run.cfg.out
-        self.best = {"step": -1, "dev": -math.inf}  # the best evaluation so far
+        self.any = run.cfg.select == "any"  # may step 0 be the best?
+        self.best = {"step": -1, "dev": -math.inf}  # the best selectable evaluation so far
+        self.base = None  # step 0's dev score: the base model's
         self.saved = {}  # the step and dev score of the checkpoint in --out, once this run has written one
         self.keep_old = Path(self.out).exists()
 
     def kept(self):  # what --out holds now, for the last line of a run that stops early
         s, out = self.saved, self.out
-        return (f"the best checkpoint so far (step {s['step']}, dev {s['dev']:.2f}) is {out}" if s
-                else f"the previous {out} is kept" if self.keep_old else "no checkpoint was written")
+        if s:
+            return f"the best checkpoint so far (step {s['step']}, dev {s['dev']:.2f}) is {out}"
+        none = "no trained checkpoint exists yet; "
+        return none + (f"the previous {out} is kept" if self.keep_old else "none was written")
 
     def save(self, model, step, dev):
         meta = {**self.run.meta, "config": model.config.to_dict(), "best": {"step": step, "dev": dev}}
@@ -411,14 +420,19 @@ class BestCheckpoint:
     def offer(self, step, dev):
         if not math.isfinite(dev):  # never let a NaN score pick the "best" model
             die(f"STS-B dev Spearman is {dev} at step {step} (constant sentence vectors?); {self.kept()}")
-        if dev > self.best["dev"]:
+        if step == 0:
+            self.base = dev
+        if (step > 0 or self.any) and dev > self.best["dev"]:
             self.best = {"step": step, "dev": dev}
-            if step > 0 or not self.keep_old:  # step 0 is the base model: not worth replacing a file mid-run
+            if step > 0:  # the base model is written at the end only, if it stays the best
                 self.save(raw(self.run.bert_T), step, dev)
 
     def finish(self):
-        if self.saved.get("step") != self.best["step"]:  # the base model stayed the best: it replaces the old file
-            self.save(self.run.bert_F, 0, self.best["dev"])  # (BERT_F holds the base weights)
+        if self.best["step"] == 0:  # --select any, and the base model stayed the best (BERT_F holds its weights)
+            self.save(self.run.bert_F, 0, self.best["dev"])
+        elif self.base is not None and self.base > self.best["dev"]:
+            print(f"note: the base model (step 0, dev {self.base:.2f}) scored above every trained evaluation; "
+                  f"kept the best trained one, step {self.best['step']} (--select any keeps the base model)")
 
 
 def finish(run, keeper, stop, stats):
@@ -427,11 +441,13 @@ def finish(run, keeper, stop, stats):
     wall, step = time.time() - stats["t_start"], stats["step"]
     if stop:
         print(f"{stop}; {keeper.kept()}")
+    if not keeper.saved:  # stopped before any trained evaluation: nothing of this run to report on
+        return None
     if step:
         print(f"{step} steps in {wall / 60:.1f} min ({1000 * stats['train_seconds'] / step:.0f} ms per training step)")
     model = bert.Bert.from_pretrained(run.cfg.out).to(run.device)
     result = final_report(run.cfg, model, run.tokenizer, run.data_dir, keeper.best, run.device)
-    result.update(steps=step, losses=stats["history"], wall_seconds=wall, stop=stop,
+    result.update(steps=step, base_dev=keeper.base, losses=stats["history"], wall_seconds=wall, stop=stop,
                   ms_per_step=1000 * stats["train_seconds"] / max(step, 1), **run.state.meta)  # DiffCSE: its generator
     write_result(run.cfg.json, result)
     return result

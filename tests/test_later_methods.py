@@ -204,7 +204,7 @@ def test_esimcse_steps_against_a_plain_loop_of_its_momentum_encoder_and_queue(wo
     """Three train_steps of ESimCSE (queue 6, batches of 4): each step's loss is InfoNCE against the queue of the
     steps before; after it, the momentum encoder is the EMA of BERT_T's weights before each step's update, and the
     queue the last 6 of its vectors of each step's sentences through the head of that step."""
-    r, sents = tiny_run(world, "esimcse", "--queue-size", "6", "--momentum", "0.9")
+    r, sents = tiny_run(world, "esimcse", "--queue-size", "6", "--momentum", "0.9", "--momentum-init", "pretrained")
     seen, real = [], r.method.sides
     r.method = dataclasses.replace(r.method, sides=lambda *a: seen.append(real(*a)) or seen[-1])
     base = copy.deepcopy(r.bert_T)
@@ -228,6 +228,24 @@ def test_esimcse_steps_against_a_plain_loop_of_its_momentum_encoder_and_queue(wo
         assert all(torch.equal(p, ema[k]) for k, p in r.state.encoder.named_parameters())
         torch.testing.assert_close(r.state.queue, torch.stack(rows[-6:]), rtol=1e-6, atol=1e-6)
     assert len(r.state.queue) == 6 and not any(p.requires_grad for p in r.state.encoder.parameters())
+
+
+def test_esimcses_momentum_encoder_starts_random_as_its_code_and_its_ema_moves_every_weight(world):
+    """The default --momentum-init random: BERT's init, no weight equal to the base model's, and after a step every
+    weight (the embeddings too) is m e + (1 - m) theta, pulled towards BERT_T."""
+    r, sents = tiny_run(world, "esimcse", "--momentum", "0.9")
+    base = bert.Bert.from_pretrained(world["model"])
+    enc = dict(r.state.encoder.named_parameters())
+    assert all(not torch.equal(enc[k], p) for k, p in base.named_parameters() if p.dim() == 2)
+    assert enc["embeddings.LayerNorm.weight"].eq(1).all() and enc["encoder.layer.0.output.dense.bias"].eq(0).all()
+    assert len(r.state.ema) == len(enc)  # every weight is in the EMA: the embeddings start random too
+    start = {k: v.clone() for k, v in enc.items()}
+    theta = {k: v.detach().clone() for k, v in r.bert_T.named_parameters()}
+    train.train_step(r, 5, *train.inputs(r, sents[:4], None))
+    for k, p in r.state.encoder.named_parameters():
+        assert torch.equal(p, start[k] * 0.9 + theta[k] * (1 - 0.9)), k
+    again, _ = tiny_run(world, "esimcse", "--momentum", "0.9")  # drawn from --seed: the same start
+    assert all(torch.equal(p, start[k]) for k, p in again.state.encoder.named_parameters())
 
 
 def test_esimcses_positive_is_its_sentence_repeated(world):

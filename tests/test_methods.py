@@ -8,9 +8,10 @@ import train
 VALUES = {  # one valid value of every method flag (None: a switch)
     "lam": "0.2", "view_pooling": "max", "teacher_dropout": "off", "layers": "1:", "tau": "0.2", "aug1": "shuffle",
     "aug2": "shuffle", "no_proj": None, "proj_size": "8", "eval_every": "5", "patience": "3", "early_stop": "best",
-    "overfit_batch": None, "eval_pooling": "mean", "lr": "1e-3", "weight_decay": "0.1", "batch_size": "8",
+    "select": "any",    "overfit_batch": None, "eval_pooling": "mean", "lr": "1e-3", "weight_decay": "0.1", "batch_size": "8",
     "epochs": "2", "dropout": "off", "pooling": "mean", "whiten_dim": "4", "template": 'A "[X]" is [MASK] .',
     "template2": 'B "[X]" is [MASK] .', "dup_rate": "0.2", "queue_size": "32", "momentum": "0.9", "neg_layers": "1",
+    "momentum_init": "pretrained",
     "generator": "g", "rtd_weight": "0.01", "mask_rate": "0.2",
     # ... and of every run flag: a method may ignore those too (the post-hoc fits: --precision)
     "model": "m", "data": "d.txt", "data_dir": "dd", "max_len": "16", "max_steps": "3", "out": "o.safetensors",

@@ -355,6 +355,41 @@ def test_a_json_that_cannot_be_written_at_the_end_is_one_line_with_exit_1(world,
     assert world["out"].exists()  # the checkpoint itself was written
 
 
+def scores_in_turn(monkeypatch, devs):
+    """The dev scores the run's evaluations read, in turn: step 0's first."""
+    it = iter(devs)
+    monkeypatch.setattr(evaluate, "stsb_spearman", lambda v, d, split: next(it) if split == "dev" else 1.0)
+
+
+def test_the_base_model_is_never_kept_by_default_and_the_run_says_so(world, monkeypatch, capsys):
+    """Every trained evaluation below step 0's: the default keeps the best trained one (the official codes' rule)
+    and says so; the result records step 0 as the base model's score."""
+    scores_in_turn(monkeypatch, [50.0, 10.0, 30.0, 20.0, 40.0])  # steps 0, 3, 6, 8, then the final report's dev
+    result = run(world, "--patience", "0")
+    out = capsys.readouterr().out
+    assert result["best_step"] == 6 and result["base_dev"] == 50.0
+    assert checkpoint.read_metadata(world["out"])["best"] == {"step": 6, "dev": 30.0}
+    assert "base model (step 0, dev 50.00) scored above every trained evaluation; kept the best trained one, " \
+           "step 6" in out
+
+
+def test_select_any_keeps_the_base_model_when_nothing_beats_it(world, monkeypatch):
+    scores_in_turn(monkeypatch, [50.0, 10.0, 30.0, 20.0, 40.0])
+    result = run(world, "--patience", "0", "--select", "any")
+    assert result["best_step"] == 0 and result["base_dev"] == 50.0
+    meta, base = checkpoint.load(world["out"]), bert.Bert.from_pretrained(world["model"])
+    assert meta.meta["best"] == {"step": 0, "dev": 50.0}
+    assert all(torch.equal(meta.tensors[k], v) for k, v in base.tensors().items())
+
+
+def test_ctrl_c_after_the_base_models_evaluation_writes_nothing(world, monkeypatch, capsys):
+    crash_after(monkeypatch, 2, KeyboardInterrupt())
+    with pytest.raises(SystemExit) as e:
+        run(world)
+    assert e.value.code == 130 and "no trained checkpoint exists yet; none was written" in capsys.readouterr().err
+    assert not world["out"].exists()
+
+
 def test_a_full_disk_ends_in_one_line_that_says_what_was_kept(world, monkeypatch, capsys):
     save, calls = checkpoint.save_checkpoint, [0]
 
@@ -368,8 +403,8 @@ def test_a_full_disk_ends_in_one_line_that_says_what_was_kept(world, monkeypatch
     with pytest.raises(SystemExit) as e:
         run(world, "--lr", "1e-3", "--eval-every", "1")
     err = capsys.readouterr().err
-    assert e.value.code == 2 and "No space left on device" in err and "best checkpoint so far (step 0" in err
-    assert checkpoint.read_metadata(world["out"])["best"]["step"] == 0
+    assert e.value.code == 2 and "No space left on device" in err and "best checkpoint so far (step 1" in err
+    assert checkpoint.read_metadata(world["out"])["best"]["step"] == 1  # step 0 is never written (--select trained)
 
 
 def test_ctrl_c_while_importing_is_one_line(tmp_path):
