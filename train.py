@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import cli
-import methods  # no torch: the command line is parsed before torch loads
+from lab import methods  # no torch: the command line is parsed before torch loads
 from cli import at_least, die, git_sha, seed_value
 
 # -----------------------------------------------------------------------------
@@ -132,7 +132,7 @@ import bert
 import checkpoint
 import data
 import evaluate
-import posthoc
+from lab import posthoc
 
 # -----------------------------------------------------------------------------
 # one training step

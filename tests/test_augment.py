@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-import augment
+from lab import augment
 
 
 def batch(lengths, T, H=10):

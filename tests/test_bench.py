@@ -12,15 +12,16 @@ import numpy as np
 import pytest
 import torch
 
-import bench
-import benchmarks.common
-import benchmarks.compile
-import benchmarks.epoch
-import benchmarks.gpu
-import benchmarks.precision
-import benchmarks.pretrain
-import benchmarks.step
-import benchmarks.transfer
+from lab import bench
+import lab.benchmarks.common
+import lab.benchmarks.compile
+import lab.benchmarks.epoch
+import lab.benchmarks.gpu
+import lab.benchmarks.precision
+import lab.benchmarks.pretrain
+import lab.benchmarks.step
+import lab.benchmarks.transfer
+from lab import benchmarks
 from conftest import ROOT, tiny_model_folder
 
 
@@ -202,7 +203,7 @@ def test_senteval_is_adapted_to_a_cpu_when_imported_and_its_checkout_is_left_alo
 
 
 def test_gpu_checks_on_a_machine_without_cuda_say_so_in_one_line_and_exit_0(tmp_path):
-    out = subprocess.run([sys.executable, str(ROOT / "bench.py"), "--only", "gpu", "--json", str(tmp_path / "b.json")],
+    out = subprocess.run([sys.executable, "-m", "lab.bench", "--only", "gpu", "--json", str(tmp_path / "b.json")],
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert "no CUDA device visible to torch" in out.stdout and json.loads((tmp_path / "b.json").read_text())["gpu"] is None
@@ -286,7 +287,7 @@ def test_the_allocator_processes_run_pretrains_own_steps_and_agree(minilm_path, 
     """bench.py allocator: each fresh process (glibc's malloc, its tunables, jemalloc where installed) runs
     pretrain.py's own steps - their losses agree to the bit, and equal the per-step losses pretrain.py's run logs."""
     import checkpoint
-    import pretrain
+    from lab import pretrain
     argv = ["--text", str(text_file), "--tokenizer", str(minilm_path), "--layers", "2", "--hidden", "32", "--heads", "2",
             "--batch-size", "8", "--dropout", "0.1", "--steps", "4", "--log-every", "1", "--threads", "1"]
     monkeypatch.setattr(checkpoint, "WEIGHTS", tmp_path / "weights")
@@ -428,7 +429,7 @@ def test_an_encoding_section_without_its_test_sentences_names_the_file_before_ti
 
 def test_help_gives_train_pys_epoch_precision_default():
     """train.py and the README: fp32 on every device; bench.py --help said "bf16 on CUDA"."""
-    out = subprocess.run([sys.executable, str(ROOT / "bench.py"), "--help"], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-m", "lab.bench", "--help"], capture_output=True, text=True,
                          timeout=60).stdout
     text = " ".join(out.split())
     assert "--epoch-precision" in text and "bf16 on CUDA" not in text

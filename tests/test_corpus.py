@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-import corpus
+from lab import corpus
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -473,7 +473,7 @@ def test_the_text_and_its_record_change_together(tree, tmp_path, monkeypatch):
     text = out.read_bytes()
     rec.unlink()
     rec.mkdir()  # (a) the record's path is a folder: refused before the text is replaced
-    r = subprocess.run([sys.executable, str(ROOT / "corpus.py"), "--sources", "brown", "--npm-root", str(tree[0]),
+    r = subprocess.run([sys.executable, "-m", "lab.corpus", "--sources", "brown", "--npm-root", str(tree[0]),
                         "--out", str(out)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and r.stderr == f"error: {rec} is a folder; give a file name ending in .json\n", r.stderr
     assert out.read_bytes() == text and not r.stdout
@@ -492,8 +492,8 @@ def test_build_none_installed(tmp_path, monkeypatch):
 
 def test_command_line(tmp_path, tree):
     def run(*args):
-        return subprocess.run([sys.executable, str(ROOT / "corpus.py"), *args], capture_output=True, text=True,
-                              cwd=tmp_path, timeout=60)
+        return subprocess.run([sys.executable, "-m", "lab.corpus", *args], capture_output=True, text=True,
+                              cwd=tmp_path, timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})
     r = run("--sources", "brown,nothing")
     assert r.returncode == 2 and r.stderr.startswith("error: --sources: unknown nothing")
     assert "Traceback" not in r.stderr

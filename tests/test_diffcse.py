@@ -12,8 +12,8 @@ import torch
 from safetensors.torch import save_file
 
 import bert
-import diffcse
-import pretrain
+from lab import diffcse
+from lab import pretrain
 from checkpoint import LoadError
 from conftest import SPECIAL, TINY, tiny_model_folder
 

@@ -13,7 +13,7 @@ import torch
 import bert
 import checkpoint
 import train
-import methods
+from lab import methods
 from test_train import run, small_head, world  # noqa: F401 (the tiny model, data folder and sentences)
 
 ROOT = Path(train.__file__).resolve().parent

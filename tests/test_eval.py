@@ -882,7 +882,7 @@ def test_an_unreachable_hub_name_says_what_works_here(tiny_data, tiny_model, tmp
         evaluate.main(["--model", "bert-base-uncased", "--data-dir", str(tiny_data[0])])
     err = capsys.readouterr().err.strip()
     assert e.value.code == 2 and len(err.splitlines()) == 1 and "downloading it failed" in err
-    assert "what works here without a network: --model" in err and "python pretrain.py, then --model raw-bert-mini" in err
+    assert "what works here without a network: --model" in err and "python -m lab.pretrain, then --model raw-bert-mini" in err
     with pytest.raises(SystemExit):  # a model folder that is here but broken: its own error, no list
         evaluate.main(["--model", str(tmp_path), "--data-dir", str(tiny_data[0])])
     assert "what works here" not in capsys.readouterr().err

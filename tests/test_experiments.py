@@ -22,11 +22,11 @@ import pytest
 
 import checkpoint
 import data
-import experiments
-import report
-import sweep
-from experiments import Experiment, Variant
-from sweep import RunKey
+from lab import experiments
+from lab import report
+from lab import sweep
+from lab.experiments import Experiment, Variant
+from lab.sweep import RunKey
 from test_train import world  # noqa: F401  (the tiny model, data and sentences fixture)
 
 
@@ -115,7 +115,7 @@ def test_a_reader_that_closes_the_pipe_early_gets_no_traceback(tmp_path):
     """`report leaderboard | head`: head closes the pipe; no BrokenPipeError, and report still writes its files."""
     record(tmp_path / "table1/cls/eval.json", **{k: v for k, v in sts_record(70.0).items() if k != "train"})
     for argv in (["list"], ["report", "table1", "--out", str(tmp_path)]):
-        p = subprocess.Popen([sys.executable, "experiments.py", *argv], cwd=Path(experiments.__file__).parent,
+        p = subprocess.Popen([sys.executable, "-m", "lab.experiments", *argv], cwd=Path(experiments.__file__).parents[1],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         p.stdout.close()  # before the child prints a line: its first write meets a closed pipe
         err = p.stderr.read()
@@ -149,7 +149,7 @@ def test_help_shows_defaults_and_one_example_a_line(capsys):
     out = capsys.readouterr().out
     assert e.value.code == 0 and "(default: runs)" in out and "(default: 1 2 3;" in out
     examples = out.split("examples:\n")[1].split("\n\n")[0].splitlines()
-    assert len(examples) >= 4 and all(x.startswith("  python experiments.py ") for x in examples)
+    assert len(examples) >= 4 and all(x.startswith("  python -m lab.experiments ") for x in examples)
 
 
 # -----------------------------------------------------------------------------
@@ -471,11 +471,11 @@ def driver(fake, exp, *argv):
     """A sweep in a process of its own, on the fake scripts, of the experiment exp (a list of Variant kwargs)."""
     code = ("import json, signal, sys; from pathlib import Path; sys.path.insert(0, sys.argv[1]); "
             "signal.signal(signal.SIGINT, signal.default_int_handler); signal.signal(signal.SIGHUP, signal.SIG_DFL); "
-            "import experiments as x, sweep; "
+            "from lab import experiments as x, sweep; "
             "sweep.ROOT = Path(sys.argv[2]); "
             "x.EXPERIMENTS = {'t': x.Experiment('test', [x.Variant(**v) for v in json.loads(sys.argv[3])])}; "
             "x.main(sys.argv[4:])")
-    return [sys.executable, "-c", code, str(Path(experiments.__file__).parent), str(fake.root), json.dumps(exp),
+    return [sys.executable, "-c", code, str(Path(experiments.__file__).parents[1]), str(fake.root), json.dumps(exp),
             "t", *fake.argv, *argv]
 
 
@@ -533,7 +533,7 @@ def test_a_signal_stops_the_run_and_its_children_and_the_same_command_resumes(fa
 
 
 def test_a_signal_ignored_at_start_stays_ignored():
-    """`nohup python experiments.py ...`: a closed terminal does not stop the sweep."""
+    """`nohup python -m lab.experiments ...`: a closed terminal does not stop the sweep."""
     old, term = signal.signal(signal.SIGHUP, signal.SIG_IGN), signal.getsignal(signal.SIGTERM)
     try:
         with sweep.stop_on_signals():
@@ -798,7 +798,7 @@ def test_a_runs_identity_is_its_command_and_a_records_key_reads_back_as_the_same
     assert RunKey.parse(json.dumps(["/some/folder/m", ["train.py", "--seed", "1"], 1])) == sg1.trained()
     for junk in (None, "", "x", "[]", '["m", ["train.py"]]', '[1, ["train.py"], 1]', '["m", "train.py", 1]'):
         assert RunKey.parse(junk) is None
-    results = Path(experiments.__file__).parent / "results"
+    results = Path(experiments.__file__).parents[1] / "results"
     stored = [rec["key"] for p in results.rglob("*.json") for rec in [json.loads(p.read_text())]
               if isinstance(rec, dict) and "key" in rec]
     assert stored and all(str(RunKey.parse(s)) == s for s in stored)
@@ -812,7 +812,7 @@ def test_committed_records_name_no_folder_of_the_machine_they_ran_on():
     """Records, logs and reports under results/ name a model by its name ($M in the logs, as the README's commands
     do), never by this machine's folders (issue 22: a child's log header holds the --model path as given; the
     logs are edited before they are committed). Only what git tracks is checked: a sweep's runs in progress are not."""
-    root = Path(experiments.__file__).parent
+    root = Path(experiments.__file__).parents[1]
     try:
         files = subprocess.run(["git", "ls-files", "results"], cwd=root, capture_output=True, text=True,
                                check=True).stdout.split()
@@ -1103,7 +1103,7 @@ def test_the_curve_sweep_copies_table1s_and_methods_runs_and_reports_them(fake, 
     (["report-curve", "{t}/a", "--json", "{t}/a/pretrain/pretrain.json"], "which report-curve reads"),
     (["report-curve", "{t}/a", "--variants", "cls"], "--variants: report-curve takes its folders (first)"),
     (["report-curve", "{t}/a", "--plot", "{t}/a"], "is a folder; give a file name ending in .png"),
-    (["report", "curve", "--plot", "{t}/c.png"], "the curve is drawn over several models: python experiments.py "
+    (["report", "curve", "--plot", "{t}/c.png"], "the curve is drawn over several models: python -m lab.experiments "
                                                  "report-curve"),
     (["report", "table1", "--json", "{t}/c.json"], "--json is report-curve's"),
     (["table1", "--json", "{t}/c.json"], "--json is set per run by experiments.py"),

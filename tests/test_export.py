@@ -16,18 +16,19 @@ import torch
 import bert
 import checkpoint
 import cli as cli_py
-import export as export_py
+from lab import export as export_py
 from bert import Bert, BertConfig, batch_tensors, encode, load_tokenizer
 from checkpoint import read_metadata
-from export import export
+from lab.export import export
 from conftest import rounding_atol, save_model
 
 EXPORT_PY = str(Path(export_py.__file__).resolve())
-ROOT = Path(EXPORT_PY).parent
+ROOT = Path(EXPORT_PY).parents[1]
+ENV = {**os.environ, "PYTHONPATH": str(ROOT)}  # lab/export.py run as a file: the core's modules beside lab/
 
 
 def cli(*args):
-    return subprocess.run([sys.executable, EXPORT_PY, *map(str, args)], capture_output=True, text=True)
+    return subprocess.run([sys.executable, EXPORT_PY, *map(str, args)], capture_output=True, text=True, env=ENV)
 
 
 def run_py(code, *args):
@@ -228,7 +229,7 @@ def test_failure_between_the_two_renames_puts_the_old_folder_back(replaced, tmp_
         rename(a, b)
     monkeypatch.setattr(os, "rename", second_fails)
     with pytest.raises(SystemExit) as e:
-        cli_py.run(lambda: export_py.main([str(other), str(out), "--force"]), "export.py")  # as `python export.py` runs
+        cli_py.run(lambda: export_py.main([str(other), str(out), "--force"]), "export.py")  # as `python -m lab.export` runs
     assert e.value.code == code and capsys.readouterr().err == message + "\n"
     assert len(calls) == 3 and snapshot(out) == before and hidden(tmp_path) == []
 
@@ -252,7 +253,8 @@ def test_when_the_old_folder_cannot_go_back_the_error_says_where_it_is(replaced,
 
 
 KILLED_BETWEEN_THE_RENAMES = """
-import os, signal, sys, export
+import os, signal, sys
+from lab import export
 export.exchange = lambda a, b: False  # the two-rename path, as without renameat2
 rename = os.rename
 def rename_or_die(a, b):
@@ -278,7 +280,8 @@ def test_export_killed_between_the_renames_is_undone_by_the_next(replaced, tmp_p
 
 
 KILLED_AFTER_THE_SWAP = """
-import os, shutil, signal, sys, export
+import os, shutil, signal, sys
+from lab import export
 rmtree = shutil.rmtree
 def rmtree_or_die(path, *args, **kwargs):
     if str(path).endswith(".tmp"):  # the swap is done; the temp name holds the old folder: kill -9 here
@@ -301,7 +304,8 @@ def test_export_killed_after_the_swap_leaves_the_new_folder(replaced, tiny_ckpt,
 
 
 CTRL_C_MID_EXPORT = """
-import os, signal, sys, checkpoint, cli, export
+import os, signal, sys, checkpoint, cli
+from lab import export
 save = checkpoint.save_checkpoint
 def save_then_ctrl_c(*args, **kwargs):
     save(*args, **kwargs)
@@ -322,7 +326,7 @@ def test_ctrl_c_while_torch_loads(tmp_path):
     (tmp_path / "torch.py").write_text("import os, signal, time\n"  # a real Ctrl-C in the middle of import torch
                                        "os.kill(os.getpid(), signal.SIGINT)\ntime.sleep(10)\n")
     r = subprocess.run([sys.executable, EXPORT_PY, "a.safetensors", tmp_path / "out"], capture_output=True, text=True,
-                       env={**os.environ, "PYTHONPATH": str(tmp_path)})
+                       env={**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"})
     assert r.returncode == 130 and r.stderr == "export.py: interrupted\n", r.stderr
 
 
@@ -462,7 +466,7 @@ def test_the_recorded_pooling_is_exported(tiny_ckpt, tmp_path, capsys, pooling, 
 def with_transform(path, m, tok, pooling, kind="whitening"):
     """A checkpoint holding a fitted transform, as train.py --loss whitening | flow writes one."""
     import checkpoint
-    import posthoc
+    from lab import posthoc
     import random
     rng = random.Random(0)
     words = ["a", "b", "the", "man", "play", "playing", "."]

@@ -3,8 +3,8 @@
 it (never `data_dir=None`)."""
 import sys
 
-import methods
-import sweep
+from lab import methods
+from lab import sweep
 import train
 
 

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPTS = ["train.py", "evaluate.py", "experiments.py", "data.py", "pretrain.py", "export.py", "bench.py", "corpus.py", "probe.py"]
+SCRIPTS = ["train.py", "evaluate.py", "lab/experiments.py", "data.py", "lab/pretrain.py", "lab/export.py", "lab/bench.py",
+           "lab/corpus.py", "lab/probe.py"]
 
 PROBE = """
 import runpy, sys

@@ -14,9 +14,9 @@ import torch
 import torch.nn.functional as F
 
 import bert
-import diffcse
-import methods
-import pretrain
+from lab import diffcse
+from lab import methods
+from lab import pretrain
 import sg_loss
 import train
 from test_sg_loss import inputs, phi, sg_opt_oracle

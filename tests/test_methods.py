@@ -2,7 +2,7 @@
 flag the table says a method ignores is refused in one line naming it, while every other flag is taken."""
 import pytest
 
-import methods
+from lab import methods
 import train
 
 VALUES = {  # one valid value of every method flag (None: a switch)

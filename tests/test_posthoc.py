@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-import posthoc
+from lab import posthoc
 
 
 def randomised(flow, seed=0, scale=0.1):

@@ -12,7 +12,7 @@ import torch
 
 import bert
 import checkpoint
-import pretrain
+from lab import pretrain
 
 SMALL = ["--layers", "2", "--hidden", "32", "--heads", "2", "--batch-size", "8", "--threads", "1", "--log-every", "2"]
 

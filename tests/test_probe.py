@@ -8,7 +8,7 @@ import pytest
 from scipy.stats import spearmanr
 
 import bert
-import probe
+from lab import probe
 from conftest import tiny_model_folder
 
 WORDS = "a man woman dog cat plays runs guitar piano park red blue small big".split()

@@ -12,9 +12,9 @@ from scipy.stats import spearmanr
 import bert
 import checkpoint
 import evaluate
-import export
-import methods
-import prompt
+from lab import export
+from lab import methods
+from lab import prompt
 import train
 from conftest import rounding_atol, save_model, tiny_model_folder
 

@@ -90,8 +90,9 @@ def test_quick_start_main_job_runs_on_the_tiny_model(tmp_path, shared_data, tiny
         assert re.search(rf"^{re.escape(task)}\b", table, re.M), f"no {task} row in evaluate.py's table:\n{table}"
 
 
-@pytest.mark.parametrize("script", ["train.py", "evaluate.py", "export.py", "data.py", "bench.py", "experiments.py"])
+@pytest.mark.parametrize("script", ["train.py", "evaluate.py", "-m lab.export", "data.py", "-m lab.bench",
+                                    "-m lab.experiments"])
 def test_every_command_has_help_with_an_example(script):
-    p = subprocess.run([sys.executable, str(ROOT / script), "--help"], capture_output=True, text=True, timeout=120)
+    p = subprocess.run([sys.executable, *script.split(), "--help"], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert p.returncode == 0 and p.stdout.startswith("usage:"), p.stderr
     assert re.search(rf"^\s*(example:\s*)?python {script} \S", p.stdout, re.M), f"{script} --help shows no example line"

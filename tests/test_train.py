@@ -14,7 +14,7 @@ import checkpoint
 import cli
 import data
 import evaluate
-import methods
+from lab import methods
 import sg_loss
 import train
 from conftest import tiny_model_folder
@@ -814,7 +814,7 @@ def test_an_unreachable_hub_name_says_what_works_here(world, capsys, monkeypatch
     err = capsys.readouterr().err.strip()
     assert e.value.code == 2 and len(err.splitlines()) == 1 and "downloading it failed" in err
     assert "what works here without a network: --model " in err and "all-MiniLM-L6-v2" in err
-    assert err.endswith("or python pretrain.py, then --model raw-bert-mini")
+    assert err.endswith("or python -m lab.pretrain, then --model raw-bert-mini")
     (world["tmp"] / "weights" / "raw-bert-mini").mkdir(parents=True)  # once pretrain.py has made it
     with pytest.raises(SystemExit):
         run(world, "--model", "bert-base-uncased")

@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 import torch
 
-import benchmarks.transfer
+import lab.benchmarks.transfer
+from lab import benchmarks
 import data
 import evaluate
-import transfer
+from lab import transfer
 from data import DataError
 from conftest import tiny_model_folder
 

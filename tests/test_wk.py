@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import bert
-import wk
-from reference import wk_reference as reference_wk
+from lab import wk
+from lab.reference import wk_reference as reference_wk
 from conftest import TINY, tiny_model_folder
 
 SENTENCES = ["a man is playing a guitar .", "the cat", "a woman and a dog are on the man with the cat in the guitar",

@@ -19,11 +19,11 @@ import torch
 
 import bert
 import data
-import methods
-import reference
+from lab import methods
+from lab import reference
 import sg_loss
 import train
-from benchmarks.common import (ROOT, WORDS, cuda_sync, get_device, peak_cuda_mb, peak_rss_mb, skip, step_setting,
+from lab.benchmarks.common import (ROOT, WORDS, cuda_sync, get_device, peak_cuda_mb, peak_rss_mb, skip, step_setting,
                                time_alternating, verdict)
 
 

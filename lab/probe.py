@@ -4,7 +4,7 @@ How far BERT's dropout moves a model's sentence vectors: a diagnosis for models 
 SimCSE's positive pair is two dropout draws of one sentence, and SG-OPT trains BERT_T (and, in the official code's
 default, makes BERT_F's views) with dropout on, so a model that dropout scatters gives them noise to learn from.
 
-    python probe.py --model raw-bert-mini --json results/raw/dropout/raw-bert-mini.json
+    python -m lab.probe --model raw-bert-mini --json results/raw/dropout/raw-bert-mini.json
 
 On the STS-B dev sentences, for each pooling (cls, mean; the last layer), over --draws seeded dropout draws:
 - on_off: the cosine of a sentence's vector made with dropout on (train mode) and made with it off (eval mode);
@@ -122,7 +122,7 @@ def main(argv=None):
     if args.json:
         record = {"model": checkpoint.display_name(args.model), "sha256": checkpoint.weights_sha256(args.model),
                   "dropout": p, "draws": args.draws, "seed": args.seed, "sentences": len(set(s1 + s2)),
-                  "git": cli.git_sha(), "command": "python probe.py " + " ".join(sys.argv[1:]), **result}
+                  "git": cli.git_sha(), "command": "python -m lab.probe " + " ".join(sys.argv[1:]), **result}
         try:
             checkpoint.write_json(args.json, record)
         except OSError as e:

@@ -1,7 +1,7 @@
 """
 Export: one folder that is a Hugging Face BertModel checkpoint and a sentence-transformers model at the same time.
 
-    python export.py sg.safetensors OUT_DIR [--force]
+    python -m lab.export sg.safetensors OUT_DIR [--force]
 
 Floor 3: every weight, config and tokenizer goes through bert.py, checked on the way in, and every file through
 checkpoint.py. The folder is built beside
@@ -28,7 +28,7 @@ from cli import die
 def get_args(argv=None):
     p = argparse.ArgumentParser(prog="export.py", description="write an sgbert checkpoint as a Hugging Face BertModel "
                                 "+ sentence-transformers folder",
-                                epilog="example: python export.py sg.safetensors sg-bert/  (then SentenceTransformer('sg-bert'))")
+                                epilog="example: python -m lab.export sg.safetensors sg-bert/  (then SentenceTransformer('sg-bert'))")
     p.error = die  # a bad flag is one line
     p.add_argument("src", metavar="CHECKPOINT", help="a .safetensors written by train.py, or a model folder or name")
     p.add_argument("out_dir", metavar="OUT_DIR", help="folder to create; must be absent or empty unless --force")

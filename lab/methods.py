@@ -22,8 +22,8 @@ import argparse
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
-import augment
-import prompt
+from lab import augment
+from lab import prompt
 from cli import at_least, die, positive
 
 POOLINGS = ("cls", "mean", "max", "first-last", "last2")  # bert.POOLINGS (tests/test_methods.py checks)
@@ -235,7 +235,7 @@ def mlp_head(H, cfg=None):
 def batchnorm_head(H, cfg=None):
     """DiffCSE's head (its recipe's --batchnorm): diffcse.ProjectionMLP, Linear H -> 2H, BatchNorm, ReLU, Linear
     2H -> H, BatchNorm (statistics of the batch in training: under torchrun, each process's own, as in the code)."""
-    import diffcse
+    from lab import diffcse
     return diffcse.ProjectionMLP(H)
 
 
@@ -381,7 +381,7 @@ class Discriminated(State):
 
     def __init__(self, cfg, bert_T, tokenizer, device):
         import checkpoint
-        import diffcse
+        from lab import diffcse
         name = cfg.generator  # resolve_config: --model unless given
         try:
             G = diffcse.load_generator(name, tokenizer, bert_T.config.vocab_size)
@@ -401,7 +401,7 @@ class Discriminated(State):
         number of processes. xs: both copies (ids, mask) (b, T_c); zs: the vectors D is conditioned on, f(c) (b, p)."""
         import torch
         import torch.nn.functional as F
-        import diffcse
+        from lab import diffcse
         T = int(run.gather(torch.tensor([max(x[0].shape[1] for x in xs)], device=run.device)).max())
         ce = []
         for (ids, mask), z in zip(xs, zs):
@@ -418,7 +418,7 @@ class Discriminated(State):
         global batch, (b * processes, --max-len), from run.gen: mask_tokens draws at every position of the shape it
         is given, so a sentence gets the same draws on any number of processes."""
         import torch
-        import pretrain
+        from lab import pretrain
         b, T, G = len(ids), ids.shape[1], self.G
         mine = slice(run.rank * b, (run.rank + 1) * b)
         canvas = torch.zeros(2, b * run.world, run.cfg.max_len, dtype=ids.dtype)  # ids, mask

@@ -23,7 +23,7 @@ import torch
 import bert
 import cli
 import data
-from benchmarks.common import loaded, minilm_path, pretraining_run, skip
+from lab.benchmarks.common import loaded, minilm_path, pretraining_run, skip
 
 WORKLOADS = ("pretrain-mini", "pretrain-12x768", "sgopt-minilm", "encode-minilm")
 SHAPES = {"pretrain-mini": (4, 256, 4), "pretrain-12x768": (12, 768, 12)}  # layers, hidden, heads
@@ -31,7 +31,7 @@ SHAPES = {"pretrain-mini": (4, 256, 4), "pretrain-12x768": (12, 768, 12)}  # lay
 
 def pretrain_step(args, path, shape, precision, batch=128, n=8):
     """A zero-argument pretrain.py step on the next of n fixed masked batches, and its tokens a step."""
-    import pretrain
+    from lab import pretrain
     L, H, A = shape
     pargs, run, why = pretraining_run(args, "--tokenizer", str(path), "--steps", "100", "--layers", str(L), "--hidden",
                                       str(H), "--heads", str(A), "--precision", precision, "--batch-size", str(batch),
@@ -47,7 +47,7 @@ def pretrain_step(args, path, shape, precision, batch=128, n=8):
 
 def sgopt_step(args, path, precision, batch=16, n=8):
     """A zero-argument train.py SG-OPT step on the next of n fixed STS-B batches (the recipe's flags)."""
-    import methods
+    from lab import methods
     import train
     data_dir, why = loaded(data.resolve_data_dir, args.data_dir, fetch=False)
     if why:

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import bert
-import methods
+from lab import methods
 import sg_loss
 import train
 

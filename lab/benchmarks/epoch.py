@@ -11,7 +11,7 @@ import torch
 
 import bert
 import data
-from benchmarks.common import ROOT, get_device, minilm_path, skip
+from lab.benchmarks.common import ROOT, get_device, minilm_path, skip
 
 
 # bert-base-uncased's shape (the time of a step does not depend on the weights, so random ones stand in for it)

@@ -9,9 +9,9 @@ import torch
 
 import bert
 import data
-import reference
-import wk
-from benchmarks.common import cuda_sync, get_device, loaded, minilm_path, missing, skip, time_alternating, verdict
+from lab import reference
+from lab import wk
+from lab.benchmarks.common import cuda_sync, get_device, loaded, minilm_path, missing, skip, time_alternating, verdict
 
 
 @torch.inference_mode()

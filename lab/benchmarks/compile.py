@@ -9,9 +9,9 @@ import torch
 
 import bert
 import data
-from benchmarks.common import cuda_sync, get_device, loaded, pretraining_run, skip, step_setting, time_alternating
-from benchmarks.encoder import random_batch
-from benchmarks.step import make_step_run
+from lab.benchmarks.common import cuda_sync, get_device, loaded, pretraining_run, skip, step_setting, time_alternating
+from lab.benchmarks.encoder import random_batch
+from lab.benchmarks.step import make_step_run
 
 
 def compile_layers(model):
@@ -74,7 +74,7 @@ def compile_step_case(path, data_dir, device):
 def compile_pretrain_case(path, data_dir, device):
     """pretrain.py's step (BERT-Mini, dropout 0 as pretrain.py's default), a pass over 8 batches: two builds from the
     same seed, the second compiled; checked on the MLM logits before training."""
-    import pretrain
+    from lab import pretrain
     pargs = pretrain.get_args(["--tokenizer", str(path), "--steps", "100", "--device", device.type,
                                "--data-dir", str(data_dir)])
     prun, _ = pretrain.prepare(pargs)

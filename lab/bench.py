@@ -1,6 +1,6 @@
 """Side-by-side benchmarks of sgbert against its references: the entry point over benchmarks/, one file per area.
 
-    SG_DATA=path/to/data python bench.py [--json FILE] [--only SECTION,...] [--repeats 7] [--threads N]
+    SG_DATA=path/to/data python -m lab.bench [--json FILE] [--only SECTION,...] [--repeats 7] [--threads N]
 
 One function per section, bench_<name>(results, args) in benchmarks/<area>.py: it prints its lines and fills
 results[<name>]. A section whose reference (transformers, the packaged all-MiniLM-L6-v2, the data folder) is missing,
@@ -88,7 +88,7 @@ def names_of(known, what):
 
 def get_args(argv=None):
     ap = argparse.ArgumentParser(description="Side-by-side benchmarks of sgbert against its references.",
-                                 epilog="example: python bench.py --only step,sts --device cpu --json bench.json")
+                                 epilog="example: python -m lab.bench --only step,sts --device cpu --json bench.json")
     ap.error = die  # a bad flag is one line
     a, n = ap.add_argument, at_least
     a("--json", help="also write the results to this JSON file")
@@ -139,18 +139,18 @@ if __name__ == "__main__":
 import torch
 
 import bert
-from benchmarks.common import environment, header, peak_child, save
-from benchmarks.compile import bench_compile
-from benchmarks.encoder import bench_encoder
-from benchmarks.epoch import bench_epoch
-from benchmarks.gpu import bench_gpu
-from benchmarks.loss import bench_loss, make_loss_run
-from benchmarks.precision import bench_mlm_precision, bench_precision
-from benchmarks.profile import WORKLOADS as PROFILE_WORKLOADS, bench_profile
-from benchmarks.pretrain import alloc_child, bench_allocator, bench_pretrain
-from benchmarks.step import bench_ddp, bench_memory, bench_step, make_step_run
-from benchmarks.sts import bench_sts, bench_wk
-from benchmarks.transfer import bench_transfer
+from lab.benchmarks.common import environment, header, peak_child, save
+from lab.benchmarks.compile import bench_compile
+from lab.benchmarks.encoder import bench_encoder
+from lab.benchmarks.epoch import bench_epoch
+from lab.benchmarks.gpu import bench_gpu
+from lab.benchmarks.loss import bench_loss, make_loss_run
+from lab.benchmarks.precision import bench_mlm_precision, bench_precision
+from lab.benchmarks.profile import WORKLOADS as PROFILE_WORKLOADS, bench_profile
+from lab.benchmarks.pretrain import alloc_child, bench_allocator, bench_pretrain
+from lab.benchmarks.step import bench_ddp, bench_memory, bench_step, make_step_run
+from lab.benchmarks.sts import bench_sts, bench_wk
+from lab.benchmarks.transfer import bench_transfer
 
 assert POOLINGS == bert.POOLINGS, f"bench.POOLINGS is out of date: {bert.POOLINGS}"
 assert WORKLOADS == PROFILE_WORKLOADS, f"bench.WORKLOADS is out of date: {PROFILE_WORKLOADS}"

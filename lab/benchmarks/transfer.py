@@ -12,8 +12,8 @@ import torch
 
 import bert
 import data
-import transfer  # the top-level transfer.py (this file is benchmarks.transfer)
-from benchmarks.common import ROOT, get_device, minilm_path, missing, save, skip, verdict
+from lab import transfer  # the top-level transfer.py (this file is benchmarks.transfer)
+from lab.benchmarks.common import ROOT, get_device, minilm_path, missing, save, skip, verdict
 
 
 def senteval_dir():

@@ -4,9 +4,9 @@ from functools import partial
 
 import torch
 
-import reference
+from lab import reference
 import sg_loss
-from benchmarks.common import peak_rss_mb, time_alternating
+from lab.benchmarks.common import peak_rss_mb, time_alternating
 
 
 LOSSES = {"sg_opt": sg_loss.sg_opt, "official": reference.official_sg_opt,

@@ -62,7 +62,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import bert
-import pretrain
+from lab import pretrain
 from checkpoint import LoadError
 
 # the run script's values for methods.py's shared flags (run_diffcse.sh at f724b2c); also there: bert-base-uncased

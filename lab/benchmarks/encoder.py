@@ -3,8 +3,8 @@ tokens, unpadded and padded."""
 import torch
 
 import bert
-import reference
-from benchmarks.common import cuda_sync, get_device, minilm_path, missing, skip, time_alternating, verdict
+from lab import reference
+from lab.benchmarks.common import cuda_sync, get_device, minilm_path, missing, skip, time_alternating, verdict
 
 
 def random_batch(B, T, vocab_size, padded, seed=0):

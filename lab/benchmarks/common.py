@@ -23,8 +23,8 @@ import checkpoint
 import cli
 import data
 
-ROOT = Path(__file__).resolve().parents[1]  # the repository: bench.py, train.py, results/
-BENCH = ROOT / "bench.py"  # the entry point; its --peak-child and --alloc-child run one measurement in a fresh process
+ROOT = Path(__file__).resolve().parents[2]  # the repository: train.py, results/
+BENCH = ["-m", "lab.bench"]  # the entry point, run from ROOT; its --peak-child and --alloc-child run one measurement in a fresh process
 
 
 # -----------------------------------------------------------------------------
@@ -58,7 +58,7 @@ def peak_rss_mb(case, kwargs, warmup=None):
     Returns None where /proc/self/clear_refs is not available.
     """
     spec = json.dumps(dict(case=case, kwargs=kwargs, warmup=warmup, threads=torch.get_num_threads()))
-    out = subprocess.run([sys.executable, str(BENCH), "--peak-child", spec],
+    out = subprocess.run([sys.executable, *BENCH, "--peak-child", spec], cwd=ROOT,
                          capture_output=True, text=True)
     assert out.returncode == 0, f"peak-memory child for {case} {kwargs} failed:\n{out.stderr[-2000:]}"
     return json.loads(out.stdout.strip().splitlines()[-1])["peak_mb"]
@@ -176,7 +176,7 @@ def pretraining_run(args, *flags):
     """pretrain.prepare of the data folder's text under pretrain.py's flags -> (pretrain.py's args, the run, None), or
     (None, None, why): no data folder, or pretrain.py's own refusal of the text (fewer training sentences than a
     batch, a malformed file), its error line caught so that the section says it in its skip line, not on stderr."""
-    import pretrain
+    from lab import pretrain
     data_dir, why = loaded(data.resolve_data_dir, args.data_dir, fetch=False)
     if why:
         return None, None, f"no data folder (the pretraining text): {why}"

@@ -34,9 +34,9 @@ import data
 from checkpoint import (LoadError, OutputLocked, display_name, file_sha256, output_lock, weights_sha256, write_json,
                         write_text)
 from cli import die, model_name
-from report import bad_record_line, get, needs, number, read_record, report, setting
+from lab.report import bad_record_line, get, needs, number, read_record, report, setting
 
-ROOT = Path(__file__).resolve().parent  # where train.py and evaluate.py are
+ROOT = Path(__file__).resolve().parents[1]  # the repository root: where train.py and evaluate.py are
 TRAIN_KEYS = ("best_step", "base_dev", "dev", "test", "steps", "stop", "wall_seconds", "test_seconds", "ms_per_step",
               "fit_seconds")  # what a record keeps of train.py's result
 EVAL_FLAGS = {"--device": "--device", "--eval-batch-size": "--batch-size"}  # a sweep's flags that evaluate.py takes
@@ -102,7 +102,7 @@ def sweep_flags(extra, accepts=None, rename=None):
 def takes(v, flag):
     """Does variant v's train.py run take the sweep's flag (e.g. '--lr')? methods.py answers for v's method (train.py
     refuses the others). Imported here: list and report need no torch."""
-    import methods
+    from lab import methods
     return methods.takes(next((g[1] for g in flag_groups(v.flags) if g[0] == "--loss" and len(g) > 1), "opt"), flag)
 
 
@@ -566,7 +566,7 @@ class Stop(KeyboardInterrupt):
 def stop_on_signals():
     """While the sweep runs, SIGINT, SIGTERM and SIGHUP raise Stop: the run in flight is stopped with its process
     group (run_child) and the locks are released on the way out. A signal ignored when we started stays ignored
-    (`nohup python experiments.py ...` keeps running when its terminal closes)."""
+    (`nohup python -m lab.experiments ...` keeps running when its terminal closes)."""
     if threading.current_thread() is not threading.main_thread():  # signals reach only the main thread
         yield
         return

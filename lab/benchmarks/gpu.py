@@ -12,13 +12,13 @@ import torch
 
 import checkpoint
 import data
-from benchmarks.common import ROOT, step_setting
-from benchmarks.compile import bench_compile
-from benchmarks.encoder import bench_encoder
-from benchmarks.epoch import bench_epoch
-from benchmarks.precision import bench_precision
-from benchmarks.pretrain import bench_pretrain
-from benchmarks.step import bench_step
+from lab.benchmarks.common import ROOT, step_setting
+from lab.benchmarks.compile import bench_compile
+from lab.benchmarks.encoder import bench_encoder
+from lab.benchmarks.epoch import bench_epoch
+from lab.benchmarks.precision import bench_precision
+from lab.benchmarks.pretrain import bench_pretrain
+from lab.benchmarks.step import bench_step
 
 
 GPU_RECORDS = ROOT / "results" / "gpu"

@@ -2,7 +2,7 @@
 Masked-language-model pretraining of a BERT from random initialisation: the raw BERT that the paper's BERT-base
 comparisons need, made offline (no hub on these machines, and no package ships a raw BERT's weights).
 
-    python pretrain.py                        # BERT-Mini (4 layers, hidden 256) -> weights/raw-bert-mini/
+    python -m lab.pretrain                        # BERT-Mini (4 layers, hidden 256) -> weights/raw-bert-mini/
     python train.py --model raw-bert-mini --loss opt
 
 It follows BERT's recipe (Devlin et al., NAACL 2019, section 3.1 and appendix A; google-research/bert
@@ -78,7 +78,7 @@ STATE_KEYS = ("name", "layers", "hidden", "heads", "ffn", "max_len", "steps", "b
 def get_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[1].strip(),
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog="example: python pretrain.py --name raw-bert-mini  (then --model raw-bert-mini)")
+                                epilog="example: python -m lab.pretrain --name raw-bert-mini  (then --model raw-bert-mini)")
     p.error = die
     a = p.add_argument
     pos = lambda kind=int, low=1: at_least(low, kind)  # noqa: E731

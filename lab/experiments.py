@@ -39,23 +39,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import data
-import sweep
+from lab import sweep
 from checkpoint import LoadError, check_output, same_path, temp_path, write_text
 from cli import die, seed_value
-from report import CURVE_FOLDERS, report, report_curve, say
-from sweep import TRANSFER_TEXT
+from lab.report import CURVE_FOLDERS, report, report_curve, say
+from lab.sweep import TRANSFER_TEXT
 
 PAPER_SEEDS = [1, 2, 3, 4, 1234, 2345, 3456, 7890]  # appendix Table 9
 RECIPE_LRS = ("1e-4", "3e-4", "5e-4")  # the recipe experiment's peak learning rates
 CURVE_SEEDS = {"sg-opt": (1, 2), "simcse": (1,)}  # report-curve's seeds of the trained rows: one n at every model
 EXAMPLES = """examples:
-  python experiments.py list
-  python experiments.py table5 --model $M --seeds 1 2 3 --max-steps 300 --out results
-  python experiments.py table1 --model $M --seeds 1 2 3 4 1234 2345 3456 7890 --out results
-  python experiments.py leaderboard --model $M --variants promptbert sg-opt-mean --out results
-  python experiments.py report table5 --out results
-  python experiments.py report figure4 --out results --plot figure4.png
-  python experiments.py report-curve results/raw results/raw/mini-2 --plot curve.png --json curve.json
+  python -m lab.experiments list
+  python -m lab.experiments table5 --model $M --seeds 1 2 3 --max-steps 300 --out results
+  python -m lab.experiments table1 --model $M --seeds 1 2 3 4 1234 2345 3456 7890 --out results
+  python -m lab.experiments leaderboard --model $M --variants promptbert sg-opt-mean --out results
+  python -m lab.experiments report table5 --out results
+  python -m lab.experiments report figure4 --out results --plot figure4.png
+  python -m lab.experiments report-curve results/raw results/raw/mini-2 --plot curve.png --json curve.json
 
 Any other flag goes to every train.py run whose method takes it (methods.py: --whiten-dim to the whitening only,
 --proj-size to the rows with the head f; e.g. --max-steps 300, --device cpu); evaluate.py runs get --device and
@@ -184,7 +184,7 @@ EXPERIMENTS = {
         *[Variant(f"simcse-lr-{lr}", ["--loss", "simcse", "--lr", lr]) for lr in RECIPE_LRS],
         *[Variant(f"sg-opt-lr-{lr}", ["--lr", lr]) for lr in RECIPE_LRS],
     ], "For a 4-layer model: SimCSE and SG-OPT at a small model's learning rates (SCT, TACL 2023, fine-tunes "
-       "BERT-Mini at 3e-4 to 5e-4) for one epoch of the set given with --data (e.g. `python pretrain.py --add-text "
+       "BERT-Mini at 3e-4 to 5e-4) for one epoch of the set given with --data (e.g. `python -m lab.pretrain --add-text "
        "text/packages.txt --sample 32768 --sample-out text/recipe-32k.txt`: 32,768 sentences of the pretraining text, "
        "none an evaluation sentence: 2,048 steps of 16, 1.9x the paper's one epoch of STS-B), STS-B dev every 50 "
        "steps; each method's other settings are its own recipe's. Pick the row on STS-B dev (the records' dev) only. "
@@ -347,7 +347,7 @@ def check_sweep(args, extra):
         die(f"{idle[0]} means nothing for any run of {args.command}" + (" --variants ..." if args.variants else "")
             + " (train.py refuses it for their methods, evaluate.py does not take it): drop it")
     for flag, rows in sweep.overridden(runs, extra).items():
-        die(f"{flag} is set by the row(s) {', '.join(rows)} of {args.command} themselves (`python experiments.py "
+        die(f"{flag} is set by the row(s) {', '.join(rows)} of {args.command} themselves (`python -m lab.experiments "
             f"list` shows their flags), and a row's flags win over the sweep's: these runs would ignore it; drop "
             f"{flag}, or choose rows that do not set it with --variants")
 
@@ -360,7 +360,7 @@ def check_report(args):
     if args.json:
         die(f"--json: report {args.name} writes results.json beside its runs (--json is report-curve's)")
     if args.plot and args.name == "curve":
-        die("--plot: the curve is drawn over several models: python experiments.py report-curve OUT [OUT ...] --plot "
+        die("--plot: the curve is drawn over several models: python -m lab.experiments report-curve OUT [OUT ...] --plot "
             "FILE.png")
     if args.plot and not EXPERIMENTS[args.name].drops:
         die(f"--plot draws the drops of figure4 (or domain, precision); {args.name} has none")
