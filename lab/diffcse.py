@@ -51,7 +51,8 @@ Departures:
   vocabulary. D's padding ids are the input's (the official multiplies by the mask: id 0, BERT's [PAD]).
 - G's decoder runs on the real tokens only (the official's argmax at padding is discarded by the mask).
 - The loss in fp32; the official trains with --fp16 (run_diffcse.sh:30). G and D run in the caller's precision.
-- G's sequences are capped by its max_position_embeddings (pretrain.py's: 128; the recipe reads 32 tokens).
+- G reads the run's sentences whole: a generator whose max_position_embeddings is below the length the run reads
+  (--max-len, capped by the model's own) is refused before step 0 (pretrain.py's: 128; the recipe reads 32).
 
 Status: components complete; integration in methods.py
 """
@@ -123,13 +124,19 @@ class Generator(nn.Module):
         return out
 
 
-def load_generator(name_or_path, tokenizer, vocab_size):
+def load_generator(name_or_path, tokenizer, vocab_size, length=None):
     """G from a model folder (or name) that has an MLM head: a pretrain.py folder, bert-base-uncased's layout. Read
-    through bert.read_checkpoint; tokenizer, vocab_size: the trained model's, which G's must equal. A model without
-    an MLM head, or of another vocabulary, is a LoadError of one line naming the folder. Eval mode."""
+    through bert.read_checkpoint; tokenizer, vocab_size: the trained model's, which G's must equal; length: the most
+    tokens of a sentence G will fill (the run's). A model without an MLM head, of another vocabulary, or with fewer
+    positions than length is a LoadError of one line naming the folder. Eval mode."""
     ck = bert.read_checkpoint(name_or_path)
     tensors = mlm_head_tensors(ck)
     config, own = bert.config_of(ck), bert.tokenizer_of(ck)
+    if length is not None and config.max_position_embeddings < length:
+        raise LoadError(f"{ck.path}: its max_position_embeddings is {config.max_position_embeddings}, and the run "
+                        f"reads sentences of up to {length} tokens (--max-len, capped by the model's own), which G "
+                        f"fills whole; give --max-len {config.max_position_embeddings} or less, or a generator of "
+                        f"{length} positions or more")
     check_vocabulary(ck.path, config.vocab_size, own.get_vocab(with_added_tokens=True), vocab_size,
                      tokenizer.get_vocab(with_added_tokens=True))
     model = bert.Bert.from_checkpoint(ck)  # the key map skips cls.*

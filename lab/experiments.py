@@ -16,12 +16,13 @@ taken over), so sweeps of one experiment on one --out share its runs: each run i
 runs that another live sweep holds before it reports (give such sweeps the same --seeds: the leaderboard's transfer step
 goes to a sweep's first seed, so `--seeds 2 3` would give it to seed 2). A run whose command equals a finished run of
 another experiment (SG-OPT with the defaults is in several) is not run again: its record is copied, naming the source
-(except in table6, whose timings come from one sweep). A run whose training equals such a run's and whose second step
-differs (Table 4's SG-OPT: Table 1's, then transfer) takes that run's checkpoint, while it is still beside its record
-and the file that run wrote (its sha256), and runs only its own second step. A row of a report averages the runs of one
-setting (the flags but the seed, the base weights, the --data file's text): the sweep's own, or in `report` the one most
-of the row's runs share; a run of another setting is named and left out. A sweep flag that a row sets itself (recipe
---lr) is refused: the row's own would win.
+(except in table6, whose timings come from one sweep); a leaderboard row's copy gets its per-pair cosines from the
+source's checkpoint (or says how to get them when it is gone). A run whose training equals such a run's and whose second
+step differs (Table 4's SG-OPT: Table 1's, then transfer) takes that run's checkpoint, while it is still beside its
+record and the file that run wrote (its sha256), and runs only its own second step. A row of a report averages the runs
+of one setting (the flags but the seed, the base weights, the --data file's text): the sweep's own, or in `report` the
+one most of the row's runs share; a run of another setting is named and left out. A sweep flag that a row sets itself
+(recipe --lr) is refused: the row's own would win.
 
 Exit status: 0 when every run of the sweep is finished; 1 when a run failed, was held by another process
 (--no-wait), or has a bad record (or another run's) or lock; 2 for a usage error, ours or a run's (train.py's exit
@@ -39,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import data
-from lab import sweep
+from lab import eval_data, sweep
 from checkpoint import LoadError, check_output, same_path, temp_path, write_text
 from cli import die, seed_value
 from lab.report import CURVE_FOLDERS, report, report_curve, say
@@ -318,7 +319,7 @@ def check_data(exp, args, extra):
         for task in data.TASKS:
             data.load_task(task, data_dir)
         for task in exp.transfer:
-            data.load_transfer(task, data_dir)
+            eval_data.load_transfer(task, data_dir)
     except data.DataError as e:
         die(e)
     return data_dir

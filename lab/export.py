@@ -69,7 +69,7 @@ def export(src, out_dir, force=False):
         base = base_name(ck.meta) if ours else cli.model_name(src)
         meta = {**(ck.meta if ours else {}), **({"base_model": base} if base else {})}
         if ours:  # its pooling, template and transform as evaluate.py checks them
-            from evaluate import check_metadata
+            from lab.evaluations import check_metadata
             check_metadata(ck)
         model, tok = Bert.from_checkpoint(ck), bert.tokenizer_of(ck)
         files = folder_files(path, out.name, model, tok, meta, ck.tensors)

@@ -383,8 +383,9 @@ class Discriminated(State):
         import checkpoint
         from lab import diffcse
         name = cfg.generator  # resolve_config: --model unless given
+        length = min(cfg.max_len, bert_T.config.max_position_embeddings)  # the longest sentence G fills
         try:
-            G = diffcse.load_generator(name, tokenizer, bert_T.config.vocab_size)
+            G = diffcse.load_generator(name, tokenizer, bert_T.config.vocab_size, length)
         except checkpoint.LoadError as e:
             die(f"--generator {name} (default: --model): {e}")
         on = cfg.dropout == "on"

@@ -2,8 +2,8 @@
 Masked-language-model pretraining of a BERT from random initialisation: the raw BERT that the paper's BERT-base
 comparisons need, made offline (no hub on these machines, and no package ships a raw BERT's weights).
 
-    python -m lab.pretrain                        # BERT-Mini (4 layers, hidden 256) -> weights/raw-bert-mini/
-    python train.py --model raw-bert-mini --loss opt
+    python -m lab.pretrain --name my-bert-mini    # BERT-Mini (4 layers, hidden 256) -> weights/my-bert-mini/
+    python train.py --model my-bert-mini --loss opt
 
 It follows BERT's recipe (Devlin et al., NAACL 2019, section 3.1 and appendix A; google-research/bert
 create_pretraining_data.py and run_pretraining.py) where the budget allows, and the small-budget findings of
@@ -23,7 +23,7 @@ Cramming (Geiping and Goldstein 2022) and Izsak et al. (EMNLP 2021) where it doe
   at its empty lines) up to --max-len tokens, 10% of them aimed shorter. Batches of similar lengths.
 - --precision bf16: autocast of the encoder and head (fp32 master weights, fp32 logits and loss); it pays only on a
   CPU with bf16 matrix instructions (AVX512-BF16, AMX) or a GPU; elsewhere its products are emulated in fp32
-  (bert.Bf16Products: the same numbers at about fp32's speed).
+  (runtime.Bf16Products: the same numbers at about fp32's speed).
 - AdamW (betas 0.9 / 0.98, eps 1e-6, weight decay 0.01 off biases and LayerNorm), linear warm-up then linear decay
   to 0, gradient clipping at 1.0, dropout off while pretraining (Cramming); the written config carries BERT's 0.1,
   which is what fine-tuning (train.py) uses.
@@ -62,6 +62,7 @@ from typing import NamedTuple
 
 import checkpoint
 import data
+from lab import eval_data
 from checkpoint import LoadError
 from cli import at_least, die, git_sha, seed_value
 
@@ -78,11 +79,12 @@ STATE_KEYS = ("name", "layers", "hidden", "heads", "ffn", "max_len", "steps", "b
 def get_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[1].strip(),
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog="example: python -m lab.pretrain --name raw-bert-mini  (then --model raw-bert-mini)")
+                                epilog="example: python -m lab.pretrain --name my-bert-mini  (then --model my-bert-mini)")
     p.error = die
     a = p.add_argument
     pos = lambda kind=int, low=1: at_least(low, kind)  # noqa: E731
-    a("--name", default="raw-bert-mini", help="the model folder written: weights/<name>/ (default: %(default)s)")
+    a("--name", default="raw-bert-mini", help="the model folder written: weights/<name>/ (default: %(default)s, "
+      "refused while models/ ships a model of that name: give your own)")
     a("--tokenizer", default="auto", help="a folder (or weights/ name) whose tokenizer.json or vocab.txt is "
       "bert-base-uncased's 30,522-entry uncased WordPiece; auto (default): weights/bert-base-uncased, else the "
       "packaged all-MiniLM-L6-v2 (the same vocabulary)")
@@ -185,6 +187,18 @@ def check_args(args):
     return args
 
 
+def check_unshadowed(args):
+    """The folders this run writes must be reachable by their names: `--model NAME` reads a shipped models/NAME/
+    before weights/NAME/, so a shipped model's name (or its --keep-at folders') is refused."""
+    for name in [args.name, *(f"{args.name}-step{s}" for s in args.keep_at)]:
+        if (checkpoint.MODELS / name).is_dir():
+            free = next(f"{args.name}-{i}" for i in range(2, 10 ** 6) if not any(
+                (folder / f"{args.name}-{i}").exists() for folder in (checkpoint.MODELS, checkpoint.WEIGHTS)))
+            die(f"--name {args.name}: `--model {name}` reads the shipped {checkpoint.MODELS / name}/, not "
+                f"{checkpoint.WEIGHTS / name}/, so this run's model could not be reached by its name; choose another "
+                f"--name (e.g. {free})")
+
+
 if __name__ == "__main__":
     get_args()  # exits here on --help or a bad flag; main() parses again, after the imports below
 
@@ -194,6 +208,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import bert
+import runtime
 
 # -----------------------------------------------------------------------------
 # the text
@@ -248,7 +263,7 @@ def corpus(data_dir, text=None, add_text=None):
         stsb = [s for r in data.read_stsb_tsv(d / data.STSB_FILE) if r[0] in ("train", "dev") for s in r[6:8]]
         parts = [("STS-B train+dev (stsbenchmark.tsv.gz)", stsb, None)]
         for task in data.TRANSFER:
-            splits = data.load_transfer(task, d)
+            splits = eval_data.load_transfer(task, d)
             parts.append((f"SentEval {task}", [s for x, _ in splits.values() for e in x
                                                for s in (e if isinstance(e, tuple) else (e,))], None))
         if add_text:
@@ -817,6 +832,7 @@ def main(argv=None):
     args = get_args(argv)
     if args.sample:
         return write_sample(args)
+    check_unshadowed(args)
     args.device = cli.device(args.device)
     torch.set_num_threads(args.threads)
     dest = checkpoint.WEIGHTS / args.name
@@ -921,7 +937,7 @@ def pretrain(args, dest):
                intermediate(args, step), {"intermediate": {"of": args.name, "step": step, "steps": args.steps}})
         model.train(), head.train()
 
-    with bert.bf16_products(args.precision, args.device):  # bf16 on a CPU without a bf16 unit: emulated, fast
+    with runtime.bf16_products(args.precision, args.device):  # bf16 on a CPU without a bf16 unit: emulated, fast
         if state["step"] in args.keep_at and not written_by(intermediate(args, state["step"]), state["args"]):
             keep(state["step"], state["tokens"], state["seconds"])  # a kill came between its state and its folder
         start_part(state, args)

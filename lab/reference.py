@@ -52,6 +52,16 @@ def hf_bert(path, device="cpu"):
     return model.to(device)
 
 
+def param_groups(modules, weight_decay):
+    """AdamW groups as the official code's: weight decay on weight matrices, none on biases and LayerNorm."""
+    decay, no_decay = [], []
+    for m in modules:
+        for name, p in m.named_parameters():
+            if p.requires_grad:
+                (no_decay if name.endswith("bias") or "LayerNorm" in name else decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
 def reference_step_run(path, cfg, batches, counter, steps, device):
     """The reference side of make_step_run: transformers.BertModel, the official loss, the norm-loop regulariser and
     torch's per-parameter AdamW (the nearest stand-in for the transformers.AdamW the official code used)."""
@@ -61,8 +71,8 @@ def reference_step_run(path, cfg, batches, counter, steps, device):
     bert_F.requires_grad_(False)  # the official code freezes BERT_F, as train.py does
     torch.manual_seed(cfg.seed)  # the same head as train.build_run's
     head = sg_loss.ProjectionHead(bert_F.config.hidden_size, cfg.proj_size).to(device)
-    optimizer = torch.optim.AdamW(train.param_groups([bert_T, head], cfg.weight_decay), lr=cfg.lr, betas=(0.9, 0.9),
-                                  eps=1e-6)
+    optimizer = torch.optim.AdamW(param_groups([bert_T, head], cfg.weight_decay), lr=cfg.lr, betas=(0.9, 0.9),
+                                  eps=1e-6)  # torch's per-parameter loop, where train.adamw is fused
     trainable = [p for g in optimizer.param_groups for p in g["params"]]
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.precision == "bf16")  # as train.py
 

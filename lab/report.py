@@ -16,6 +16,7 @@ import os
 import re
 import sys
 import zipfile
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -422,7 +423,7 @@ def pair_cosines(folder, recs):
             cos = {t: (z[f"{t}.cosine"].astype(np.float64), z[f"{t}.gold"].astype(np.float64)) for t in TASKS}
     except FileNotFoundError:
         return None, f"{path.name}, which its record names, is missing"
-    except (OSError, KeyError, ValueError, zipfile.BadZipFile) as e:
+    except (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as e:  # zlib: damaged data
         return None, f"{path.name} unreadable: {e}"
     for t, (c, g) in cos.items():
         if len(c) != len(g) or len(c) < 2:
@@ -444,12 +445,17 @@ def bootstrap_counts(sizes, n=BOOTSTRAP, seed=BOOTSTRAP_SEED):
 
 def bootstrap_rhos(cosines, n=BOOTSTRAP):
     """{variant: ((the 7 tasks' Spearman x100 on the test sets (7,), on each of n resamples (n, 7)), None), or
-    (None, why)} for the rows with cosines (pair_cosines), on one set of resamples; a row must hold the same test
-    pairs (the same gold, in the same order) as the first."""
+    (None, why)} for the rows with cosines (pair_cosines), on one set of resamples; a row must hold the test pairs
+    (the same gold, in the same order) that most rows hold (on a tie, the first row's): a row of another data folder
+    is left out alone."""
     if not cosines:
         return {}
-    first = next(iter(cosines.values()))
-    same = [v for v, cos in cosines.items() if all(np.array_equal(cos[t][1], first[t][1]) for t in TASKS)]
+    groups = {}  # {a row: the rows that hold its test pairs}
+    for v, cos in cosines.items():
+        like = next((u for u in groups if all(np.array_equal(cos[t][1], cosines[u][t][1]) for t in TASKS)), v)
+        groups.setdefault(like, []).append(v)
+    same = max(groups.values(), key=len)  # max keeps the first of equal lengths
+    first = cosines[same[0]]
     counts = bootstrap_counts({t: len(first[t][1]) for t in TASKS}, n)
     whole, resampled = [], []
     for t in TASKS:

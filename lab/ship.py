@@ -18,13 +18,17 @@ scores with another's. Only the final model of a pretraining is shipped (an inte
 the fp32 bytes its records name, and no optimizer state.
 """
 import argparse
+import contextlib
+import glob
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 import checkpoint
@@ -71,6 +75,8 @@ def records_of(sha, root=None):
     """Every run record under root made on the weights of this sha256: {(script, flags...): record}, the first found
     in sorted path order for each key (copies of one run share a key and a result)."""
     out = {}
+    if sha is None:
+        return out  # a record without model_sha256 is not this model's
     for path in sorted((root or RESULTS).rglob("*.json")):
         if path.name.startswith(".") or not (path.name in ("eval.json", "fit.json") or path.name.startswith("seed-")):
             continue
@@ -98,28 +104,55 @@ def shipped(name):
     if not (folder / "pretrain.json").is_file():
         have = sorted(p.name for p in checkpoint.MODELS.glob("*/pretrain.json"))
         die(f"models/{name}/ is not a shipped model (no pretrain.json); shipped: {', '.join(have) or 'none'}")
-    return folder, json.loads((folder / "pretrain.json").read_text(encoding="utf-8"))
+    return folder, read_record(folder)
+
+
+def read_record(folder):
+    """A model folder's pretrain.json as a dict, or one line naming it (a file cut short, git's conflict markers)."""
+    path = folder / "pretrain.json"
+    try:
+        rec = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        die(f"{path} cannot be read ({e}): it is not the record pretrain.py wrote; "
+            f"{checkpoint.record_fix(folder)}")
+    if not isinstance(rec, dict):
+        die(f"{path} is not a pretraining record (a JSON {type(rec).__name__}); {checkpoint.record_fix(folder)}")
+    return rec
+
 
 # -----------------------------------------------------------------------------
 # add
 
 
 def add(args):
+    if not checkpoint.HUB_NAME.fullmatch(args.name) or "/" in args.name or args.name.endswith(".safetensors"):
+        die(f"ship add {args.name!r}: not a name --model can read (a folder name of letters, digits, '.', '-', '_', "
+            "not ending in .safetensors); choose another name")
     src = Path(args.src) if args.src else checkpoint.WEIGHTS / args.name
+    dest = checkpoint.MODELS / args.name
+    clean_killed_adds(dest)
     missing = [f for f in FILES if not (src / f).is_file()]
     if missing:
         die(f"{src}: {', '.join(missing)} missing; ship a folder that pretrain.py wrote (config.json, "
             "model.safetensors, tokenizer.json, vocab.txt, pretrain.json)")
-    rec = json.loads((src / "pretrain.json").read_text(encoding="utf-8"))
+    rec = read_record(src)
     if rec.get("intermediate"):
         i = rec["intermediate"]
         die(f"{src} is the step-{i.get('step')} model of {i.get('of')}'s pretraining (--keep-at): ship only a final "
             "model")
+    a = rec.get("args")
+    lost = next((k for k in ARGS if not isinstance(a, dict) or k not in a), None)
+    if lost:
+        die(f"{src / 'pretrain.json'} has no args/{lost}: not the record pretrain.py writes; ship a folder that "
+            "pretrain.py wrote")
     try:
+        sha = checkpoint.recorded_sha256(src)
+        if sha is None:
+            die(f"{src / 'pretrain.json'} names no sha256 of model.safetensors, so no load could check the shipped "
+                "copy and no record under results/ could be matched to it; ship a folder that pretrain.py wrote")
         checkpoint.read_recorded(src, src / "model.safetensors")  # the bytes its record names, or one line
     except checkpoint.LoadError as e:
         die(e)
-    dest = checkpoint.MODELS / args.name
     if dest.exists() and not args.overwrite:
         die(f"models/{args.name}/ exists: pass --overwrite to replace it")
     tmp = checkpoint.temp_path(dest)
@@ -127,17 +160,79 @@ def add(args):
         tmp.mkdir(parents=True)
         for f in FILES:
             shutil.copyfile(src / f, tmp / f)
-        checkpoint.write_text(tmp / "README.md", card(args.name, rec, records_of(recorded(rec))))
-        old = checkpoint.temp_path(dest, "old")
-        if dest.exists():
-            dest.rename(old)
-        tmp.rename(dest)
-        shutil.rmtree(old, ignore_errors=True)
+        checkpoint.write_text(tmp / "README.md", card(args.name, rec, records_of(sha)))
+        put_in_place(tmp, dest)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     size = sum((dest / f).stat().st_size for f in (*FILES, "README.md"))
-    print(f"models/{args.name}/: {size / 1e6:.1f} MB, model.safetensors sha256 {recorded(rec)}; commit it with "
+    print(f"models/{args.name}/: {size / 1e6:.1f} MB, model.safetensors sha256 {sha}; commit it with "
           f"git add models/{args.name}")
+
+
+ARGS = ("name", "layers", "hidden", "heads", "steps", "batch_size")  # the record's flags that the card must show
+
+
+def put_in_place(tmp, dest):
+    """The folder tmp renamed to dest; a folder at dest is set aside first (.NAME.PID.old) and removed after.
+    SIGINT, SIGTERM and SIGHUP wait until both renames are done, so that dest is the old folder or the new one at
+    any moment a signal acts. A kill -9 between the two: the next add puts the old one back (clean_killed_adds)."""
+    old = checkpoint.temp_path(dest, "old")
+    try:
+        with signals_held():
+            if os.path.lexists(dest):
+                dest.rename(old)
+            try:
+                tmp.rename(dest)
+            except OSError:
+                if os.path.lexists(old):
+                    old.rename(dest)
+                raise
+    finally:
+        if os.path.lexists(dest):
+            shutil.rmtree(old, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def signals_held():
+    """SIGINT, SIGTERM and SIGHUP held back inside the block: a handler only notes each that comes (whichever thread
+    the system hands it to, torch's included), and as the block ends each is raised again under the handlers there
+    were (Ctrl-C: a KeyboardInterrupt there; SIGTERM by default: the process ends). A signal ignored stays ignored.
+    Handlers can be set in the main thread only: elsewhere a no-op."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    came = []
+    kinds = [getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n)]
+    old = {s: signal.signal(s, lambda n, frame: came.append(n)) for s in kinds
+           if signal.getsignal(s) not in (signal.SIG_IGN, None)}
+    try:
+        yield
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+        for s in dict.fromkeys(came):
+            signal.raise_signal(s)
+
+
+def clean_killed_adds(dest):
+    """What a killed add left beside dest (models/NAME): .NAME.PID.tmp, the copy it was making, removed;
+    .NAME.PID.old, the shipped folder it had set aside, put back when dest is missing, else removed. Only a process
+    that is gone: a live add's files are its own. Each said in a line."""
+    for p in sorted(dest.parent.glob(f".{glob.escape(dest.name)}.*")):
+        pid, _, kind = p.name[len(dest.name) + 2:].partition(".")
+        if kind not in ("tmp", "old") or not pid.isdigit() or checkpoint.pid_alive(int(pid)):
+            continue
+        if kind == "old" and not os.path.lexists(dest):
+            p.rename(dest)
+            print(f"note: put models/{dest.name}/ back from {p.name}, where a killed `ship add` (pid {pid}) had set "
+                  "it aside", file=sys.stderr)
+            continue
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            p.unlink(missing_ok=True)
+        if not os.path.lexists(p):
+            print(f"note: removed {p}, what a killed `ship add` (pid {pid}) left", file=sys.stderr)
 
 
 def recorded(rec):
@@ -147,7 +242,8 @@ def recorded(rec):
 
 def card(name, rec, rows):
     """The model card: what the model is, how it was made, its text and their licences, its sha256, its rows here."""
-    a, held, text = rec["args"], rec.get("held_out", {}), rec.get("text", {})
+    a, held, text = rec["args"], rec.get("held_out") or {}, rec.get("text", {})
+    rebuilt = f"{a['name']}-rebuilt" if a["name"] == name or (checkpoint.MODELS / a["name"]).is_dir() else a["name"]
     hours = rec.get("train_seconds", 0) / 3600
     cpu = rec.get("cpu") or {}
     flags = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in a.items() if k in (
@@ -162,14 +258,15 @@ def card(name, rec, rows):
              f"| model.safetensors sha256 | `{recorded(rec)}` |",
              f"| tokens seen | {rec.get('train_tokens_seen', 0):,} ({a['steps']:,} steps of {a['batch_size']} "
              f"{'packed segments' if a.get('pack') else 'sentences'}) |",
-             f"| held-out masked LM | loss {held.get('mlm_loss', float('nan')):.4f}, accuracy "
-             f"{100 * (held.get('mlm_acc') or float('nan')):.2f}% ({held.get('sentences', 0):,} sentences) |",
+             f"| held-out masked LM | {held_out(held)} |",
              f"| made on | {cpu.get('model', rec.get('device'))} ({cpu.get('capability', '')}), torch "
              f"{rec.get('torch')}, {a.get('threads')} threads, {a.get('precision')}: {hours:.2f} h of training in "
              f"{len(rec.get('parts', [])) or 1} part(s), code {rec.get('git')} |", "",
-             "## Its command", "", "```bash", *command(a, text, flags), "```", "",
+             "## Its command", "", "```bash", *command({**a, "name": rebuilt}, text, flags), "```", "",
              "The same command on the same CPU kind and thread count gives the same bytes (pretrain.py: the batches, "
-             "masks and float sums are fixed by the seed and the threads).", "",
+             "masks and float sums are fixed by the seed and the threads; the name is not among them"
+             + (f": pretrain.py refuses {a['name']}, a shipped model's name, which `--model {a['name']}` reads)."
+                if rebuilt != a["name"] else ")."), "",
              "## Its text", "",
              f"{text.get('train_sentences', 0):,} training sentences ({text.get('train_tokens', 0):,} tokens) and "
              f"{text.get('held_out_sentences', 0):,} held out. Left out: {text.get('left_out', '?')}: no evaluation "
@@ -199,6 +296,15 @@ def card(name, rec, rows):
         lines.append(f"| {row} | {len(avgs)} | {statistics.mean(avgs):.2f}{spread} | {where} | "
                      f"`python {' '.join([script, '--model', name, *flags])}{seeded}` |")
     return "\n".join(lines) + "\n"
+
+
+def held_out(held):
+    """The held-out masked LM cell: loss and accuracy, or why there are none (pretrain.py records null scores for a
+    text that held no sentence out)."""
+    loss, acc, n = held.get("mlm_loss"), held.get("mlm_acc"), held.get("sentences") or 0
+    if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in (loss, acc)):
+        return f"not measured ({n:,} held-out sentences, {held.get('masked_tokens') or 0:,} masked tokens)"
+    return f"loss {loss:.4f}, accuracy {100 * acc:.2f}% ({n:,} sentences)"
 
 
 def command(a, text, flags):
@@ -246,9 +352,9 @@ def shown(command):
 
 
 def check(args):
-    folder, rec = shipped(args.name)
-    want = recorded(rec)
+    folder, _ = shipped(args.name)
     try:
+        want = checkpoint.recorded_sha256(folder)  # a shipped folder's names one, or this is one line
         checkpoint.read_recorded(folder, folder / "model.safetensors")
     except checkpoint.LoadError as e:
         die(e)

@@ -4,8 +4,9 @@ in) once, as `python train.py ...` or `python evaluate.py ...` in a child proces
 skips what is finished. What --help of experiments.py promises, and how:
 
 - A run's identity is a RunKey (model, script and flags, seed, second step). A finished run of another experiment with
-  the same key is copied (same_as); one that trained the same model takes only its own second step on that run's
-  checkpoint (trained_as).
+  the same key is copied (same_as), with the per-pair cosines its run keeps made on that run's checkpoint
+  (copied_cosines); one that trained the same model takes only its own second step on that run's checkpoint
+  (trained_as). What a killed run of it left (its log, its checkpoint) never stays beside such a record.
 - A record appears only when the run has finished: the child writes a hidden .result.json, the sweep writes the
   record atomically (checkpoint.write_json) from it. Only a valid record of this very run counts (report.read_record,
   then its key and the sha256 of its base weights and --data file: other_run); another run's record at its path is
@@ -31,6 +32,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import data
+from lab import eval_data
 from checkpoint import (LoadError, OutputLocked, display_name, file_sha256, output_lock, weights_sha256, write_json,
                         write_text)
 from cli import die, model_name
@@ -198,6 +200,56 @@ def keep_cosines(run):
         return {}
     os.replace(tmp, dest)
     return {"cosines": {"file": dest.name, "sha256": file_sha256(dest)}}
+
+
+def cosines_command(run, args, extra, ckpt=None):
+    """evaluate.py writing the run's per-pair cosines alone (--tasks sts: the 7 STS tasks, no transfer) into the hidden
+    file keep_cosines moves: of the checkpoint ckpt (a trained run's), or for an evaluation of the base model with
+    its variant's flags (--tasks sts last: argparse keeps it)."""
+    model = ["--ckpt", str(ckpt)] if ckpt else ["--model", str(args.model), *run.v.flags]
+    data_dir = ["--data-dir", args.data_dir] if args.data_dir else []
+    return [sys.executable, str(ROOT / "evaluate.py"), *model, *sweep_flags(extra, rename=EVAL_FLAGS), *data_dir,
+            "--tasks", "sts", "--json", str(run.path(".json", ".result")), "--cosines-out",
+            str(run.path(".npz", ".cosines"))]
+
+
+def copied_cosines(run, rec, args, extra, tag):
+    """A copied record (rec, same_as) of a run that keeps per-pair cosines (run.cosines), and its cosines made now by
+    evaluate.py (cosines_command) on the model its scores came from: the checkpoint beside its source record (or
+    beside the record of the run that trained it, trained_as) while it is the one that run wrote (kept_checkpoint),
+    or for an evaluation the base model. Returns the record, naming them when they were made (keep_cosines), and the
+    end of the run's progress line: what was done, or that they are missing and how to get them."""
+    out, record = Path(args.out), run.path(".json")
+    source = out / rec.get("trained_as", rec["same_as"])
+    ckpt = None if run.v.evaluate_only else source.with_suffix(".safetensors")
+    if ckpt and not kept_checkpoint(source, rec):
+        return rec, (f"; no per-pair cosines: {ckpt.relative_to(out)} is gone (or is another model now), so its "
+                     f"bootstrap cells stay n/a; to make them, put that checkpoint back and re-run, or move {record} "
+                     f"and {out / rec['same_as']} aside and re-run (the run is then trained again)")
+    cmd = cosines_command(run, args, extra, ckpt)
+    print(f"{tag} {run}: copied from {rec['same_as']}; its per-pair cosines: {' '.join(shown(cmd))}", flush=True)
+    log = run.path(".log")
+    log.write_text(" ".join(shown(cmd)) + "\n")
+    rc = run_child(cmd, log)
+    ok = read_result(run.path(".json", ".result")) is not None and rc == 0
+    cosines = keep_cosines(run) if ok else {}
+    run.path(".npz", ".cosines").unlink(missing_ok=True)  # a failed step's, never taken for them
+    if not cosines:
+        return rec, f"; its per-pair cosines failed (exit {rc}): {last_line(log)} | log: {log}"
+    made = ckpt.relative_to(out) if ckpt else model_name(args.model)
+    return {**rec, **cosines}, f"; its per-pair cosines made from {made}"
+
+
+def copy_lacking_cosines(run, record):
+    """The record at a run's path when it is a copy (same_as) without the per-pair cosines its run keeps
+    (run.cosines): one copied before copies had them made. Else None."""
+    if not run.cosines:
+        return None
+    try:
+        rec = json.loads(record.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return rec if isinstance(rec, dict) and "same_as" in rec and not isinstance(rec.get("cosines"), dict) else None
 
 
 def find_finished(out, key, stem, paths, shas=None, checkpoint=False):
@@ -412,7 +464,7 @@ def headline(rec):
 def transfer_text(data_dir, dest, n=17256, seed=0):
     """A training file of n sentences drawn from MR, CR, SUBJ and MPQA (the SentEval transfer tasks' text)."""
     if not dest.exists():
-        sents = [s for task in ("MR", "CR", "SUBJ", "MPQA") for s in data.load_transfer(task, data_dir)["all"][0] if s]
+        sents = [s for task in ("MR", "CR", "SUBJ", "MPQA") for s in eval_data.load_transfer(task, data_dir)["all"][0] if s]
         random.Random(seed).shuffle(sents)
         write_text(dest, "\n".join(sents[:n]) + "\n")
     return dest
@@ -432,14 +484,23 @@ def run_one(run, exp, args, extra, text, tag, t_sweep):
     record, (key, cmd, then) = run.path(".json"), commands(run, args, extra, text)
     shas = hashes(cmd)
     if record.exists():
-        return finished(run, exp, key, shas)
+        status = finished(run, exp, key, shas)
+        if status[0] != "done" or copy_lacking_cosines(run, record) is None:
+            return status
     run.folder.mkdir(parents=True, exist_ok=True)
     lock = lock_of(record)
     try:
         with output_lock(record):
             if record.exists():  # finished by another process between our look and our lock
-                return finished(run, exp, key, shas)
-            return copy_or_run(run, exp, Path(args.out), key, shas, cmd, then, tag, t_sweep)
+                status = finished(run, exp, key, shas)
+                rec = copy_lacking_cosines(run, record) if status[0] == "done" else None
+                if rec is None:
+                    return status
+                rec, said = copied_cosines(run, rec, args, extra, tag)
+                if "cosines" in rec:
+                    write_json(record, rec)
+                return "done", said
+            return copy_or_run(run, exp, args, extra, key, shas, cmd, then, tag, t_sweep)
     except OutputLocked:
         return "held", f"{lock} (pid {owner(lock)})"
     except LoadError as e:  # the lock path is a folder, or a file we may not open
@@ -458,19 +519,26 @@ def finished(run, exp, key, shas):
     return ("other", (record, other)) if other else ("done", None)
 
 
-def copy_or_run(run, exp, out, key, shas, cmd, then, tag, t_sweep):
-    """With the run's lock held: copy the record of a finished run of another experiment with the same key, else
-    run it (only its second step when another experiment's run trained this very model) and write its record."""
-    record = run.path(".json")
+def copy_or_run(run, exp, args, extra, key, shas, cmd, then, tag, t_sweep):
+    """With the run's lock held: copy the record of a finished run of another experiment with the same key (and
+    make its per-pair cosines when the run keeps them), else run it (only its second step when another experiment's
+    run trained this very model) and write its record."""
+    record, out = run.path(".json"), Path(args.out)
     run.path(".npz", ".cosines").unlink(missing_ok=True)  # what a killed sweep's child left is never this run's
     same = None if exp.fresh else find_finished(out, key, run.stem, needs(exp, run.v), shas)
     if same:
-        run.path(".log").unlink(missing_ok=True)  # a killed run's too (a copy has none; a run writes its own)
-        write_json(record, {**same[1], "same_as": same[0].relative_to(out).as_posix()})
-        return "copied", same[0]
+        for f in (run.path(".log"), run.path(".safetensors")):  # a killed run's: a copy's model is its source's
+            f.unlink(missing_ok=True)
+        rec = {k: v for k, v in same[1].items() if k != "cosines"}  # a file beside the source, not here
+        rec, said = {**rec, "same_as": same[0].relative_to(out).as_posix()}, ""
+        if run.cosines:
+            rec, said = copied_cosines(run, rec, args, extra, tag)
+        write_json(record, rec)
+        return "copied", f"{same[0]}{said}"
     trained = None if exp.fresh or not then else find_finished(
         out, key.trained(), run.stem, [("train", "wall_seconds")], shas, checkpoint=True)
-    if trained:  # the second step reads that run's checkpoint
+    if trained:  # the second step reads that run's checkpoint; one a killed run of this one left is not its model
+        run.path(".safetensors").unlink(missing_ok=True)
         i = then.index("--ckpt") + 1
         then = [*then[:i], str(trained[0].with_suffix(".safetensors")), *then[i + 1:]]
     t0 = time.time()
@@ -523,7 +591,8 @@ def sweep(name, exp, args, extra, data_dir):
             held.append((tag, run, detail))
         else:
             tally[status].append(detail)
-        said = {"done": "finished earlier", "copied": f"copied from {detail}", "held": f"held by {detail}"}
+        said = {"done": f"finished earlier{detail or ''}", "copied": f"copied from {detail}",
+                "held": f"held by {detail}"}
         if status in said:
             print(f"{tag} {run}: {said[status]}", flush=True)
         elif status == "badlock":
@@ -536,7 +605,7 @@ def sweep(name, exp, args, extra, data_dir):
             status, detail = run_one(run, exp, args, extra, text, tag, t0)
         tally["others" if status == "done" else status].append(detail)
         if status == "done":
-            print(f"{tag} {run}: finished by another process", flush=True)
+            print(f"{tag} {run}: finished by another process{detail or ''}", flush=True)
         elif status == "badlock":
             print(detail, file=sys.stderr, flush=True)
     expect = {}  # the setting of each row this sweep ran: the report averages no run of another (one_setting)

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch.optim.adam import adam  # the functional form of torch.optim.Adam
 
-from data import TREC_CLASSES, load_transfer
+from lab.eval_data import TREC_CLASSES, load_transfer
 
 TRANSFER_CONFIGS = {"paper": 50, "simcse": 0}  # nhid: SG-BERT's appendix Table 9 (MLP) / SimCSE's test mode (log. reg.)
 L2_GRID = (1e-5, 1e-4, 1e-3, 1e-2)
@@ -246,7 +246,7 @@ def senteval_order(name, x, y):
 
 def transfer_task(name, splits, vectors, nhid):
     """One transfer task by SentEval's protocol -> {"acc", "devacc"} x100 (MRPC also "f1", of the positive class).
-    splits: data.load_transfer's {split: (x, y)}; vectors(sentences) -> (n, d) float32; nhid: 0 = logistic
+    splits: eval_data.load_transfer's {split: (x, y)}; vectors(sentences) -> (n, d) float32; nhid: 0 = logistic
     regression, else an MLP with nhid sigmoid units."""
     feats, labels, rows = [], [], {}
     for split, (x, y) in splits.items():

@@ -75,8 +75,8 @@ def test_precision_section_names_the_cpu_kind_and_times_both_precisions(tiny_fol
     def no_data(*a, **k):
         raise benchmarks.common.data.DataError("no data folder")
     monkeypatch.setattr(benchmarks.common.data, "resolve_data_dir", no_data)
-    held, real_products = [], benchmarks.precision.bert.bf16_products
-    monkeypatch.setattr(benchmarks.precision.bert, "bf16_products", lambda *a: held.append(a) or real_products(*a))
+    held, real_products = [], benchmarks.precision.runtime.bf16_products
+    monkeypatch.setattr(benchmarks.precision.runtime, "bf16_products", lambda *a: held.append(a) or real_products(*a))
     real_step = benchmarks.precision.make_step_run  # a small head and GEMM probe: seconds
     monkeypatch.setattr(benchmarks.precision, "make_step_run",
                         lambda *a, **kw: real_step(*a, **{**kw, "proj_size": 16}))
@@ -138,7 +138,7 @@ def test_transfer_section_keeps_finished_tasks(tiny_folder, tmp_path, monkeypatc
     monkeypatch.setattr(benchmarks.transfer, "missing", lambda *m: None)
     monkeypatch.setattr(benchmarks.transfer, "senteval_dir", lambda: tmp_path / "senteval")
     monkeypatch.setattr(benchmarks.transfer.data, "resolve_data_dir", lambda *a, **k: str(tmp_path))
-    monkeypatch.setattr(benchmarks.transfer.data, "load_transfer",
+    monkeypatch.setattr(benchmarks.transfer.eval_data, "load_transfer",
                         lambda name, d: {"all": (sents, np.array([0, 1] * 4))})
     monkeypatch.setattr(benchmarks.transfer.transfer, "transfer_task", ours)
     monkeypatch.setattr(benchmarks.transfer, "run_senteval", senteval)

@@ -13,6 +13,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import bert
+import wordpiece
+import runtime
 import checkpoint
 from bert import Bert, BertConfig, LoadError, batch_tensors, encode, load_tokenizer, pool
 from conftest import rounding_atol, save_model
@@ -219,7 +221,7 @@ def test_not_safetensors_and_missing_files(tiny_folder, tmp_path):
 
 def test_checkpoint_roundtrip_is_bit_exact(tiny_config, tiny_folder, tmp_path):
     m = Bert.from_pretrained(tiny_folder)
-    tok = bert.wordpiece_from_vocab(write_vocab(tmp_path / "vocab.txt"))
+    tok = wordpiece.from_vocab(write_vocab(tmp_path / "vocab.txt"))
     save_model(tmp_path / "sg.safetensors", m, {"tokenizer": tok.to_str(), "args": {"lam": 0.1}})
     assert not list(tmp_path.glob("*.tmp"))
     back = Bert.from_pretrained(tmp_path / "sg.safetensors")
@@ -264,7 +266,7 @@ def tokenizer_folder(tmp_path, tiny_config, **config):
 
 
 def no_cls_sep(d):
-    tok = bert.wordpiece_from_vocab(d / "vocab.txt")
+    tok = wordpiece.from_vocab(d / "vocab.txt")
     tok.post_processor = None  # plain WordPiece: no [CLS] in front, no [SEP] behind
     tok.save(str(d / "tokenizer.json"))
 
@@ -297,7 +299,7 @@ def test_tokenizer_in_a_checkpoint(tiny_config, tmp_path):
     save_model(tmp_path / "garbage.safetensors", m, {"tokenizer": "garbage"})
     with pytest.raises(LoadError, match=r"garbage.safetensors \(metadata 'tokenizer'\): not a valid tokenizer \("):
         load_tokenizer(tmp_path / "garbage.safetensors")
-    tok = bert.wordpiece_from_vocab(write_vocab(tmp_path / "vocab.txt"))
+    tok = wordpiece.from_vocab(write_vocab(tmp_path / "vocab.txt"))
     m.config.vocab_size = 12  # one row short of the tokenizer's 13 ids (the model's tensors do not matter here)
     save_model(tmp_path / "short.safetensors", m, {"tokenizer": tok.to_str()})
     with pytest.raises(LoadError, match="gives ids up to 12 but the model's vocab_size is 12"):
@@ -314,7 +316,7 @@ def test_tokenizer_truncates_at_the_position_table(tiny_config, tmp_path):
 
 def test_encode_order_poolings_and_edge_cases(tiny_config, tmp_path):
     m = tiny_model(tiny_config)
-    tok = bert.wordpiece_from_vocab(write_vocab(tmp_path / "vocab.txt"))
+    tok = wordpiece.from_vocab(write_vocab(tmp_path / "vocab.txt"))
     sents = ["the man", "", "a b a b a b the man playing", "man .", "the the the the", "b"]
     for pooling in bert.POOLINGS:
         for layer in (0, 1, -1):
@@ -372,7 +374,7 @@ def test_bf16_encoding_is_fp32_within_bf16_rounding_and_fp32_is_exact(tiny_confi
     1.25u apart (all-MiniLM-L6-v2 on 120 STS-B dev sentences: 0.6u), 1 - cosine at most 4.8e-5 (MiniLM: 2.2e-5).
     The default stays fp32 to the bit: the same numbers as the model's forward under no_grad with no autocast."""
     cfg = dict(tiny_config, hidden_size=64, intermediate_size=256)
-    tok = bert.wordpiece_from_vocab(write_vocab(tmp_path / "vocab.txt"))
+    tok = wordpiece.from_vocab(write_vocab(tmp_path / "vocab.txt"))
     rng = np.random.default_rng(0)
     words = ["a", "b", "the", "man", "mans", ".", "play", "playing"]
     sents = [" ".join(rng.choice(words, size=rng.integers(1, 15))) for _ in range(24)]
@@ -419,7 +421,7 @@ def test_a_checkpoint_not_where_python_runs_is_one_line_naming_the_folder(tiny_c
     assert "checkpoint.py" not in r.stderr and "During handling" not in r.stderr, r.stderr
 
 
-class CountingProducts(bert.Bf16Products):
+class CountingProducts(runtime.Bf16Products):
     """Bf16Products that counts the matrix products it widened (forward and backward)."""
     def __init__(self):
         super().__init__()
@@ -470,7 +472,7 @@ def test_emulated_bf16_products_are_torchs_bf16_numbers_and_fp32_is_untouched(ti
     assert ((want - exact).abs() / exact.abs().clamp_min(1e-3)).max().item() > 50 * u  # 4u separates bf16 from fp32
     cos = torch.nn.functional.cosine_similarity(got_grad.double(), want_grad.double(), dim=0).item()
     assert cos > 1 - 1e-5, cos
-    with torch.no_grad(), bert.Bf16Products():
+    with torch.no_grad(), runtime.Bf16Products():
         fp32 = pool(m(ids, mask), mask, "mean")
     with torch.no_grad():
         assert torch.equal(fp32, pool(m(ids, mask), mask, "mean"))
@@ -479,11 +481,11 @@ def test_emulated_bf16_products_are_torchs_bf16_numbers_and_fp32_is_untouched(ti
 def test_bf16_products_are_held_only_for_bf16_on_a_cpu_without_a_bf16_unit(monkeypatch):
     import cli
     monkeypatch.setattr(cli, "cpu_kind", lambda: {"model": "AMD EPYC", "capability": "AVX2", "bf16_unit": False})
-    assert isinstance(bert.bf16_products("bf16", "cpu"), bert.Bf16Products)
-    assert not isinstance(bert.bf16_products("fp32", "cpu"), bert.Bf16Products)
-    assert not isinstance(bert.bf16_products("bf16", "cuda"), bert.Bf16Products)
+    assert isinstance(runtime.bf16_products("bf16", "cpu"), runtime.Bf16Products)
+    assert not isinstance(runtime.bf16_products("fp32", "cpu"), runtime.Bf16Products)
+    assert not isinstance(runtime.bf16_products("bf16", "cuda"), runtime.Bf16Products)
     monkeypatch.setattr(cli, "cpu_kind", lambda: {"model": "Xeon", "capability": "AVX512", "bf16_unit": True})
-    assert not isinstance(bert.bf16_products("bf16", "cpu"), bert.Bf16Products)
+    assert not isinstance(runtime.bf16_products("bf16", "cpu"), runtime.Bf16Products)
 
 
 def test_encode_pools_as_the_checkpoint_records_by_default(tmp_path):
@@ -504,5 +506,5 @@ def test_encode_pools_as_the_checkpoint_records_by_default(tmp_path):
         assert np.array_equal(encode(model, load_tokenizer(path), sents), want), pooling
     assert np.array_equal(encode(Bert.from_pretrained(tmp_path / "mean.safetensors"), tok, sents, "cls"), cls_v)
     save_model(tmp_path / "prompt.safetensors", base, {"pooling": "prompt", "template": 'It : "[X]" means [MASK] .'})
-    with pytest.raises(ValueError, match="evaluate.sentence_vectors"):
+    with pytest.raises(ValueError, match="evaluations.sentence_vectors"):
         encode(Bert.from_pretrained(tmp_path / "prompt.safetensors"), tok, sents)

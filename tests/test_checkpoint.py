@@ -15,6 +15,7 @@ import torch
 from safetensors.torch import load_file
 
 import bert
+import wordpiece
 import checkpoint
 from bert import Bert, BertConfig, LoadError, load_tokenizer
 from conftest import save_model, tiny_model_folder
@@ -42,7 +43,7 @@ def test_same_model_and_meta_give_the_same_bytes(tiny_config, tmp_path):
     m = tiny_model(tiny_config)
     m.extra = {"pooler.dense.weight": torch.randn(32, 32, dtype=torch.bfloat16),
                "pooler.dense.bias": torch.randn(32, dtype=torch.float16)}
-    tok = bert.wordpiece_from_vocab(write_vocab(tmp_path / "vocab.txt"))
+    tok = wordpiece.from_vocab(write_vocab(tmp_path / "vocab.txt"))
     meta = {"tokenizer": tok.to_str(), "base_model": "tiny", "git": "abc", "args": {"lr": 1e-5, "lam": 0.1, "out": "x"},
             "best": {"step": 3, "dev": 71.5}}
     save_model(tmp_path / "a.safetensors", m, meta)
@@ -311,6 +312,38 @@ def test_offline_name_says_which_folder_to_fill(tmp_path, monkeypatch):
     assert not (tmp_path / "weights" / "bert-base-uncased").exists()
     assert not list((tmp_path / "weights").iterdir())  # no half-written folder
 
+
+
+@pytest.mark.parametrize("text, shipped_only", [
+    (None, True),  # no pretrain.json
+    ("{}", True),  # a record that names no sha256
+    ('{"sha256": 12345}', False),  # a sha256 that is not one
+    ('{"sha256": {"model.safetensors": "abc"}}', False),
+    ('<<<<<<< HEAD\n{"sha256": "x"}\n=======\n{}\n>>>>>>> theirs\n', False),  # git's conflict markers
+    ('{"sha256": {"model.sa', False),  # cut short
+])
+def test_a_record_that_cannot_check_the_weights_never_lets_them_load_unchecked(tiny_config, tmp_path, monkeypatch,
+                                                                               text, shipped_only):
+    """The load check of a folder's weights against its pretrain.json was off whenever the record could not be read
+    or named no sha256 as a string: a shipped model (models/NAME/) loads only checked, and an unreadable record or a
+    sha256 that is not one is refused anywhere; a weights/ folder without a record, or one naming no sha256, loads."""
+    monkeypatch.setattr(checkpoint, "MODELS", tmp_path / "models")
+    for folder in (tmp_path / "models" / "m", tmp_path / "weights" / "m"):
+        tiny_model_folder(folder, tiny_config)
+        if text is not None:
+            (folder / "pretrain.json").write_text(text)
+        shipped = folder.parent.name == "models"
+        if shipped or not shipped_only:
+            with pytest.raises(LoadError) as e:
+                checkpoint.load(folder)
+            msg = str(e.value)
+            assert str(folder / "pretrain.json") in msg and "\n" not in msg, msg
+            assert ("git checkout -- models/m" in msg) == shipped, msg
+        else:
+            assert checkpoint.load(folder).sha256 == checkpoint.file_sha256(folder / "model.safetensors")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(LoadError):  # by its name too: `--model m` finds models/m first
+        checkpoint.load("m")
 
 
 def test_checkpoint_written_before_the_layout_change_still_loads(tmp_path):

@@ -12,10 +12,12 @@ import torch
 from safetensors.torch import save_file
 
 import bert
+import wordpiece
 from lab import diffcse
 from lab import pretrain
 from checkpoint import LoadError
 from conftest import SPECIAL, TINY, tiny_model_folder
+from test_train import world  # noqa: F401 (the tiny model, data folder and sentences)
 
 WORDS = "the a man woman dog cat plays runs on in guitar piano park street red blue small big old new".split()
 SENTENCES = ["a man plays the guitar", "the dog runs", "a small red cat plays in the park on the old street",
@@ -26,7 +28,7 @@ def tokenizer_of(words=WORDS, tmp=None):
     """The uncased WordPiece tokenizer of SPECIAL + words (bert.py's own reader of a vocab.txt)."""
     f = Path(tmp) / "vocab.txt"
     f.write_text("\n".join(dict.fromkeys([*SPECIAL, *words])) + "\n")
-    return bert.wordpiece_from_vocab(f)
+    return wordpiece.from_vocab(f)
 
 
 def mlm_folder(folder, words=WORDS, config=None, seed=0):
@@ -245,6 +247,27 @@ def test_refusals_are_one_line_naming_the_folder(parts, tmp_path):
     (folder / "pretrain.json").unlink()  # its record names the old weights' sha256
     one_line_refusal(lambda: diffcse.load_generator(folder, tok, TINY["vocab_size"]), str(folder),
                      "missing cls.predictions.transform.dense.weight")
+
+def test_a_generator_shorter_than_the_runs_sentences_is_refused_before_step_0(world, capsys):  # noqa: F811
+    """A generator of 8 positions under --max-len 32 (DiffCSE's recipe) failed with an AssertionError inside
+    Generator.fill at step 1: refused in one line naming --generator, its max_position_embeddings and the length the
+    run reads; with --max-len 8 it is the run's generator."""
+    from test_train import run
+    torch.manual_seed(0)
+    cfg = bert.BertConfig(**{**bert.Bert.from_pretrained(world["model"]).config.to_dict(),
+                             "max_position_embeddings": 8})
+    model = bert.Bert(cfg)
+    folder = world["tmp"] / "short"
+    pretrain.write_folder(folder, model, pretrain.make_head(cfg), bert.load_tokenizer(world["model"]), {})
+    with pytest.raises(SystemExit) as e:
+        run(world, "--loss", "diffcse", "--generator", str(folder), "--max-steps", "2")
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1 and err.startswith(f"error: --generator {folder} "), err
+    assert "max_position_embeddings is 8" in err and "up to 32 tokens" in err and "--max-len 8" in err, err
+    assert not world["out"].exists()
+    result = run(world, "--loss", "diffcse", "--generator", str(folder), "--max-steps", "2", "--max-len", "8")
+    assert result["steps"] == 2 and result["generator"] == "short"
+
 
 # -----------------------------------------------------------------------------
 # the method's state: determinism and gradients

@@ -23,6 +23,7 @@ import cli
 import data
 import evaluate
 from data import STSB_FILE, DataError
+from lab import evaluations
 from conftest import tiny_model_folder, save_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -188,7 +189,7 @@ def test_evaluate_sts_vs_pairwise_oracle(tiny_data, tiny_model):
 def test_layerwise_matches_one_encode_per_layer(tiny_data, tiny_model):
     root = tiny_data[0]
     model, tok = bert.Bert.from_pretrained(tiny_model), bert.load_tokenizer(tiny_model)
-    table = evaluate.layerwise(model, tok, root, batch_size=2)  # one forward pass per batch for every layer x pooling
+    table = evaluations.layerwise(model, tok, root, batch_size=2)  # one forward pass per batch for every layer x pooling
     assert set(table) == {"cls", "mean", "max"} and all(len(v) == model.config.num_hidden_layers + 1 for v in table.values())
     s1, s2, gold = data.load_stsb("test", root)
     for p, rhos in table.items():
@@ -487,23 +488,23 @@ def test_a_checkpoint_is_evaluated_with_its_recorded_pooling(tiny_data, tiny_mod
 def test_pca_2d_is_sklearns_pca_up_to_sign():
     decomposition = pytest.importorskip("sklearn.decomposition")
     x = np.random.default_rng(0).normal(size=(40, 12)) * np.arange(1, 13)
-    ours, theirs = evaluate.pca_2d(x), decomposition.PCA(2).fit_transform(x)
+    ours, theirs = evaluations.pca_2d(x), decomposition.PCA(2).fit_transform(x)
     np.testing.assert_allclose(np.abs(ours), np.abs(theirs), atol=1e-8)
 
 
 def test_pairs_2d_takes_the_first_gold_5_and_gold_0_pairs(tiny_model, monkeypatch):
     gold = np.array([5.0, 2.0, 0.0, 5.0, 0.0, 5.0, 0.0, 1.0])
     s1, s2 = [f"w{i} x{i}" for i in range(8)], [f"x{i} w{9 - i}" for i in range(8)]
-    monkeypatch.setattr(evaluate, "load_stsb", lambda split, d: (s1, s2, gold))
+    monkeypatch.setattr(evaluations, "load_stsb", lambda split, d: (s1, s2, gold))
     model, tok = bert.Bert.from_pretrained(tiny_model), bert.load_tokenizer(tiny_model)
-    pos, neg = evaluate.sts_pairs_2d(evaluate.sentence_vectors(model, tok, "mean"), None, n=2)
+    pos, neg = evaluations.sts_pairs_2d(evaluate.sentence_vectors(model, tok, "mean"), None, n=2)
     idx = [0, 3, 2, 4]  # the first two of each
     v = bert.encode(model, tok, [s1[i] for i in idx] + [s2[i] for i in idx], pooling="mean")
-    xy = evaluate.pca_2d(v / np.linalg.norm(v, axis=1, keepdims=True))
+    xy = evaluations.pca_2d(v / np.linalg.norm(v, axis=1, keepdims=True))
     np.testing.assert_allclose(pos, np.stack([xy[[0, 4]], xy[[1, 5]]]), atol=1e-10)
     np.testing.assert_allclose(neg, np.stack([xy[[2, 6]], xy[[3, 7]]]), atol=1e-10)
     with pytest.raises(data.DataError, match="the plot needs 4 each"):
-        evaluate.sts_pairs_2d(evaluate.sentence_vectors(model, tok, "mean"), None, n=4)
+        evaluations.sts_pairs_2d(evaluate.sentence_vectors(model, tok, "mean"), None, n=4)
 
 
 @pytest.mark.parametrize("flags, message", [(["--pairs-plot", "f.png"], "give --ckpt"),
@@ -527,7 +528,7 @@ def test_wk_pooling_cli_equals_wk_pool(tiny_model, tiny_data, tmp_path):
     got = json.loads(out.read_text())
     assert got["wk"] == {"layer_start": 0, "window": 2} and got["pooling"] == "wk"
     model, tok = bert.Bert.from_pretrained(tiny_model), bert.load_tokenizer(tiny_model)
-    vectors = evaluate.sentence_vectors(model, tok, "wk", wk_args=(0, 2))
+    vectors = evaluations.sentence_vectors(model, tok, "wk", wk_args=(0, 2))
     assert got["sts"]["STSBenchmark"]["all"] == pytest.approx(evaluate.stsb_spearman(vectors, root, "test"), abs=1e-9)
 
 
@@ -576,8 +577,8 @@ def test_pairs_file_bad_rows_named_by_line(tiny_model, tmp_path, text, message):
 def test_long_encodings_report_progress_without_flooding(monkeypatch):
     """A running count every 10 s while a large set is encoded (a log file stays readable)."""
     lines, now = [], [0.0]
-    monkeypatch.setattr(evaluate.time, "perf_counter", lambda: now[0])
-    counter = evaluate.Counter(lines.append)
+    monkeypatch.setattr(cli.time, "perf_counter", lambda: now[0])
+    counter = cli.Counter(lines.append)
     for done in range(0, 10000, 100):  # a batch every 0.5 s
         now[0] += 0.5
         counter(done, 10000)
@@ -802,9 +803,9 @@ def pairs_plot_run(tiny_model, tiny_data, tmp_path, monkeypatch):
     (a value, or absent); the plot itself faked (no matplotlib needed): -> (titles of the panels, or the SystemExit)."""
     import types
     monkeypatch.setitem(sys.modules, "matplotlib", types.ModuleType("matplotlib"))
-    monkeypatch.setattr(evaluate, "sts_pairs_2d", lambda vectors, data_dir: (vectors(["w1 x1"]), None))
+    monkeypatch.setattr(evaluations, "sts_pairs_2d", lambda vectors, data_dir: (vectors(["w1 x1"]), None))
     drawn = {}
-    monkeypatch.setattr(evaluate, "plot_pairs", lambda panels, path: drawn.update(panels=list(panels), path=path))
+    monkeypatch.setattr(evaluations, "plot_pairs", lambda panels, path: drawn.update(panels=list(panels), path=path))
 
     def run(**sha):
         model, tok = bert.Bert.from_pretrained(tiny_model), bert.load_tokenizer(tiny_model)
@@ -882,7 +883,7 @@ def test_an_unreachable_hub_name_says_what_works_here(tiny_data, tiny_model, tmp
         evaluate.main(["--model", "bert-base-uncased", "--data-dir", str(tiny_data[0])])
     err = capsys.readouterr().err.strip()
     assert e.value.code == 2 and len(err.splitlines()) == 1 and "downloading it failed" in err
-    assert "what works here without a network: --model" in err and "python -m lab.pretrain, then --model raw-bert-mini" in err
+    assert "what works here without a network: --model raw-bert-mini (shipped in models/)" in err
     with pytest.raises(SystemExit):  # a model folder that is here but broken: its own error, no list
         evaluate.main(["--model", str(tmp_path), "--data-dir", str(tiny_data[0])])
     assert "what works here" not in capsys.readouterr().err
@@ -900,3 +901,115 @@ def test_the_tables_header_names_a_folder_named_model_by_its_real_name(tmp_path,
         evaluate.main(["--model", str(folder), "--pairs", str(pairs), "--device", "cpu"])
         head = [line for line in capsys.readouterr().out.splitlines() if line.startswith("your pairs")]
         assert head and head[0].startswith(f"your pairs, x100 | {want} | pooling cls"), head
+
+
+def test_without_shipped_models_the_unreachable_hub_name_says_how_to_make_one(tiny_data, tmp_path, capsys,
+                                                                             monkeypatch):
+    """A clone without models/ (SG_MODELS elsewhere): pretrain.py's raw-bert-mini, or the one in weights/."""
+    def offline(name, dest):
+        raise checkpoint.LoadError(f"model '{name}': downloading it failed (no network)")
+    monkeypatch.setattr(checkpoint, "download", offline)
+    monkeypatch.setattr(checkpoint, "WEIGHTS", tmp_path / "weights")
+    monkeypatch.setattr(checkpoint, "MODELS", tmp_path / "models")
+    for made, end in ((False, "or python -m lab.pretrain, then --model raw-bert-mini"),
+                      (True, "or --model raw-bert-mini (in weights/)")):
+        if made:  # once pretrain.py has made it
+            (tmp_path / "weights" / "raw-bert-mini").mkdir(parents=True)
+        with pytest.raises(SystemExit):
+            evaluate.main(["--model", "bert-base-uncased", "--data-dir", str(tiny_data[0])])
+        err = capsys.readouterr().err.strip()
+        assert err.endswith(end) and "shipped" not in err, err
+
+# -----------------------------------------------------------------------------
+# the core (evaluate.py) and the lab (lab/evaluations.py): what the core evaluates alone, what it hands over
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--model", "{m}", "--pooling", "bogus"], "argument --pooling: invalid choice: 'bogus'"),
+    (["--model", "{m}", "--tasks"], "argument --tasks: expected at least one argument"),
+    (["--tasks", "STS12"], "one of the arguments --model --ckpt is required"),
+    (["--model", "{m}", "--lay", "1"], "ambiguous option: --lay could match --layer, --layerwise"),  # the lab's
+    (["--model", "{m}", "--layerwise", "--bogus"], "unrecognized arguments: --bogus"),
+])
+def test_a_usage_error_is_one_line_not_the_whole_usage(tiny_model, flags, message):
+    r = run_cli("evaluate.py", *[f.format(m=tiny_model) for f in flags])
+    assert_one_line_error(r, message)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_pairs_with_cosines_out_and_no_tasks_writes_the_7_sts_tasks(tiny_data, tiny_model, tmp_path):
+    """--pairs F --cosines-out C without --tasks: the 7 STS tasks' cosines (what --cosines-out says), beside F."""
+    root, out = tiny_data[0], tmp_path / "c.npz"
+    mine = write_pairs(tmp_path / "mine.tsv", PAIR_ROWS)
+    res = evaluate.main(["--model", str(tiny_model), "--pairs", str(mine), "--cosines-out", str(out),
+                         "--data-dir", str(root), "--device", "cpu"])
+    assert set(res["sts"]) == {*data.TASKS, "mine.tsv", *evaluate.SUMMARY} and len(res["pairs"]) == 5
+    model, tok = bert.Bert.from_pretrained(tiny_model), bert.load_tokenizer(tiny_model)
+    want = {}
+    evaluate.evaluate_sts(evaluate.sentence_vectors(model, tok), data.TASKS, root, cosines=want)
+    with np.load(out) as z:
+        assert sorted(z.files) == sorted(f"{t}.{k}" for t in data.TASKS for k in ("cosine", "gold"))
+        for t, (cos, gold) in want.items():
+            np.testing.assert_allclose(z[f"{t}.cosine"], cos, atol=1e-6)
+            np.testing.assert_array_equal(z[f"{t}.gold"], gold.astype(np.float32))
+
+
+LAB_PROBE = """
+import runpy, sys
+sys.path.insert(0, {root!r})
+sys.argv = ["evaluate.py", *{argv!r}]
+runpy.run_path({script!r}, run_name="__main__")
+print("lab modules:", sorted(m for m in sys.modules if m == "lab" or m.startswith("lab.")))
+"""
+
+
+@pytest.mark.parametrize("source", ["--model", "--ckpt"])
+def test_the_core_evaluates_a_plain_model_without_importing_the_lab(tiny_data, tiny_model, tmp_path, source):
+    """python evaluate.py --model M / --ckpt C with cls pooling (no transform, no template): the core alone, every
+    module of lab/ left unimported, and the numbers the lab's evaluation gives."""
+    ckpt = tiny_ckpt(tiny_model, tmp_path / "c.safetensors", pooling="cls")
+    out = tmp_path / "r.json"
+    argv = [source, str(tiny_model if source == "--model" else ckpt), "--pooling", "cls", "--tasks", "STS13",
+            "SICK-R", "--data-dir", str(tiny_data[0]), "--device", "cpu", "--json", str(out)]
+    probe = LAB_PROBE.format(root=str(ROOT), argv=argv, script=str(ROOT / "evaluate.py"))
+    r = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().splitlines()[-1] == "lab modules: []", r.stdout[-500:]
+    assert "STS13" in r.stdout and "SICK-R" in r.stdout
+    core = json.loads(out.read_text())
+    lab = evaluations.main([*argv[:-2], "--json", str(tmp_path / "lab.json")])
+    for task in ("STS13", "SICKRelatedness"):
+        assert core["sts"][task] == pytest.approx(lab["sts"][task], abs=1e-12)
+    assert {k: v for k, v in core.items() if k != "sts"} == {k: v for k, v in lab.items() if k != "sts"}
+
+
+@pytest.mark.parametrize("flags", [
+    ["--layerwise"], ["--layerw"], ["--lay", "1"], ["--plot", "p.png"], ["--pairs", "f.tsv"], ["--pairs-out=o.tsv"],
+    ["--pairs-plot", "f.png"], ["--cosines-out", "c.npz"], ["--template", "[X] [MASK]"], ["--wk-window", "2"],
+    ["--wk-layer-start", "0"], ["--transfer-config", "simcse"], ["--pooling", "wk"], ["--pooling=prompt"],
+    ["--tasks", "transfer"], ["--tasks", "all"], ["--tasks", "STS12", "CR"],
+])
+def test_a_command_line_that_asks_for_the_lab_is_handed_over_whole(tiny_model, monkeypatch, flags):
+    got = []
+    monkeypatch.setattr(evaluations, "main", lambda argv=None, ck=None: got.append((argv, ck)) or "the lab's")
+    argv = ["--model", str(tiny_model), *flags]
+    assert evaluate.main(argv) == "the lab's" and got == [(argv, None)]  # before any read: the lab reads it
+
+
+def test_a_checkpoint_of_the_lab_is_handed_over_with_the_cores_one_read(tiny_model, tiny_data, tmp_path,
+                                                                       monkeypatch):
+    """A fitted transform, a template, or a pooling the core does not make: the lab's, with the file as the core
+    read it (read once); a plain checkpoint stays in the core."""
+    got = []
+    monkeypatch.setattr(evaluations, "main", lambda argv=None, ck=None: got.append(ck) or "the lab's")
+    ckpts = [whitened_ckpt(tiny_model, tmp_path / "w.safetensors", pooling="mean", method="whitening",
+                           args={"pooling": "mean"}, transform=WHITENING),
+             whitened_ckpt(tiny_model, tmp_path / "t.safetensors", pooling="mean"),  # tensors, no 'transform'
+             tiny_ckpt(tiny_model, tmp_path / "p.safetensors", pooling="prompt", template="[X] means [MASK] ."),
+             tiny_ckpt(tiny_model, tmp_path / "x.safetensors", pooling="first-lats")]
+    common = ["--data-dir", str(tiny_data[0]), "--tasks", "STS13", "--device", "cpu"]
+    for c in ckpts:
+        assert evaluate.main(["--ckpt", str(c), *common]) == "the lab's"
+        assert Path(got[-1].path).resolve() == c.resolve() and got[-1].sha256 == checkpoint.file_sha256(c)
+    plain = tiny_ckpt(tiny_model, tmp_path / "c.safetensors", pooling="mean")
+    assert evaluate.main(["--ckpt", str(plain), *common])["pooling"] == "mean" and len(got) == len(ckpts)

@@ -467,6 +467,46 @@ def test_a_record_of_another_run_at_a_runs_path_is_never_reported_as_its(fake, m
     assert copy["model_sha256"] == hashlib.sha256(b"weights 2").hexdigest()
 
 
+def test_a_record_of_a_run_with_another_generator_is_another_runs(fake, monkeypatch, capsys):
+    """DiffCSE's records named the generator by its name only, so a run with other generator weights of that name
+    was taken for it. A record names its generator's sha256 (hashes): one with another generator's is another run's
+    (named, never counted or run over, nor copied); one that names none is taken at its word, as with model_sha256."""
+    gen = fake.tmp / "gen"
+    gen.mkdir()
+    (gen / "model.safetensors").write_bytes(b"generator 1")
+    one = hashlib.sha256(b"generator 1").hexdigest()
+    use(monkeypatch, Variant("a", ["--loss", "diffcse", "--generator", str(gen)]))
+    argv = [*fake.argv, "--seeds", "1"]
+    experiments.main(["t", *argv])
+    path = fake.out / "t/a/seed-1.json"
+    first = json.loads(path.read_text())
+    assert first["generator_sha256"] == one
+    (gen / "model.safetensors").write_bytes(b"generator 2")  # other weights, the same name
+    sweep.model_sha256.cache_clear()  # (once per sweep: a new sweep reads the new weights)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        experiments.main(["t", *argv])
+    out, err = capsys.readouterr()
+    line = next(x for x in err.splitlines() if str(path) in x)
+    assert e.value.code == 1 and f"another generator named {gen} (sha256 {one[:16]}..." in line, line
+    assert out.strip().splitlines()[-1] == "t: 1 runs: 1 not run (the record of another run)"
+    assert json.loads(path.read_text()) == first  # never run over
+    use(monkeypatch, Variant("a", ["--loss", "diffcse", "--generator", str(gen)]), name="u")  # nor copied
+    n = len(fake.calls())
+    experiments.main(["u", *argv])
+    assert len(fake.calls()) == n + 1 and "same_as" not in json.loads((fake.out / "u/a/seed-1.json").read_text())
+    path.write_text(json.dumps({k: v for k, v in first.items() if k != "generator_sha256"}))  # an older record
+    use(monkeypatch, Variant("a", ["--loss", "diffcse", "--generator", str(gen)]))
+    capsys.readouterr()
+    experiments.main(["t", *argv])
+    assert "t/a/seed-1: finished earlier" in capsys.readouterr().out  # taken at its word
+    key, shas = RunKey("m", ("train.py", "--generator", "g"), 1), {"model_sha256": "a" * 64, "generator_sha256": one}
+    rec = {"key": str(key), "model_sha256": "a" * 64}
+    assert sweep.other_run({**rec, "generator_sha256": one}, key, shas) is None
+    assert sweep.other_run(rec, key, shas) is None
+    assert "another generator named g (sha256 cccc" in sweep.other_run({**rec, "generator_sha256": "c" * 64}, key, shas)
+
+
 def driver(fake, exp, *argv):
     """A sweep in a process of its own, on the fake scripts, of the experiment exp (a list of Variant kwargs)."""
     code = ("import json, signal, sys; from pathlib import Path; sys.path.insert(0, sys.argv[1]); "
@@ -682,6 +722,65 @@ def test_a_copied_record_has_no_killed_runs_log_beside_it(fake, capsys):
     assert json.loads((t / "seed-2.json").read_text())["same_as"] == "methods/simcse/seed-2.json"
     assert not (t / "seed-2.log").exists() and not (t / ".seed-2.cosines.npz").exists()
     assert (t / "seed-1.log").exists()  # a run's own log stays
+
+
+def test_a_copied_or_trained_as_record_has_no_killed_runs_checkpoint_beside_it(fake, capsys):
+    """A sweep killed after its child wrote the checkpoint, the same run then finished by another experiment, the
+    sweep run again: the record was copied, and the killed run's checkpoint (other bytes) stayed beside it; as it did
+    beside a record whose second step took another experiment's checkpoint (trained_as)."""
+    record(fake.out / "methods/simcse/seed-2.json", **sts_record(60, seed=2),
+           key=str(RunKey("m", ("train.py", "--loss", "simcse", "--seed", "2", "--data-dir", str(fake.data)), 2)))
+    t = fake.out / "leaderboard/simcse"
+    t.mkdir(parents=True)
+    (t / "seed-2.safetensors").write_bytes(b"a killed run's model")
+    experiments.main(["leaderboard", *fake.argv, "--variants", "simcse"])
+    assert json.loads((t / "seed-2.json").read_text())["same_as"] == "methods/simcse/seed-2.json"
+    assert not (t / "seed-2.safetensors").exists() and (t / "seed-1.safetensors").read_bytes() == b"weights"
+    experiments.main(["table1", *fake.argv, "--seeds", "1", "--variants", "sg-opt"])
+    t4 = fake.out / "table4/sg-opt"
+    t4.mkdir(parents=True)
+    (t4 / "seed-1.safetensors").write_bytes(b"a killed run's model")
+    experiments.main(["table4", *fake.argv, "--seeds", "1", "--variants", "sg-opt"])
+    assert json.loads((t4 / "seed-1.json").read_text())["trained_as"] == "table1/sg-opt/seed-1.json"
+    assert not (t4 / "seed-1.safetensors").exists()
+
+
+def test_a_copied_leaderboard_row_gets_its_cosines_or_says_how(fake, capsys):
+    """A leaderboard row copied from another experiment's record never had its per-pair cosines, and a re-run said
+    "finished earlier": its bootstrap cells stayed n/a for good. The copy has evaluate.py make them, on its source's
+    checkpoint (an evaluation: on the base model); with that checkpoint gone, its progress line says so and how to get
+    them, and a later run, the checkpoint back, makes them."""
+    experiments.main(["table4", *fake.argv, "--seeds", "1"])  # mean and wk evaluated, sg-opt trained then transfer
+    ckpt, lb = fake.out / "table4/sg-opt/seed-1.safetensors", fake.out / "leaderboard"
+    ckpt.rename(ckpt.with_suffix(".away"))
+    n = len(fake.calls())
+    capsys.readouterr()
+    experiments.main(["leaderboard", *fake.argv, "--seeds", "1", "--variants", "mean", "sg-opt"])
+    out = capsys.readouterr().out
+    mean = json.loads((lb / "mean/eval.json").read_text())
+    assert mean["same_as"] == "table4/mean/eval.json"
+    assert mean["cosines"] == {"file": "eval.cosines.npz", "sha256": checkpoint.file_sha256(lb / "mean/eval.cosines.npz")}
+    assert "mean/eval: copied from" in out and "; its per-pair cosines made from m" in out
+    (call,) = fake.calls()[n:]
+    assert call[0] == "evaluate.py" and call[1][:3] == ["--model", "m", "--pooling"] and "--cosines-out" in call[1]
+    assert call[1][len(call[1]) - 1 - call[1][::-1].index("--tasks") + 1] == "sts"  # its last --tasks: no transfer
+    sg = json.loads((lb / "sg-opt/seed-1.json").read_text())
+    assert sg["same_as"] == "table4/sg-opt/seed-1.json" and "cosines" not in sg
+    line = next(x for x in out.splitlines() if "sg-opt/seed-1: copied from" in x)
+    assert "no per-pair cosines: table4/sg-opt/seed-1.safetensors is gone" in line and "re-run" in line, line
+    ckpt.with_suffix(".away").rename(ckpt)  # the checkpoint back: the next run makes them
+    n = len(fake.calls())
+    experiments.main(["leaderboard", *fake.argv, "--seeds", "1", "--variants", "mean", "sg-opt"])
+    out = capsys.readouterr().out
+    sg = json.loads((lb / "sg-opt/seed-1.json").read_text())
+    assert sg["cosines"]["sha256"] == checkpoint.file_sha256(lb / "sg-opt/seed-1.cosines.npz")
+    assert "sg-opt/seed-1: finished earlier; its per-pair cosines made from table4/sg-opt/seed-1.safetensors" in out
+    (call,) = fake.calls()[n:]
+    assert call[1][:2] == ["--ckpt", str(ckpt)]
+    n = len(fake.calls())
+    experiments.main(["leaderboard", *fake.argv, "--seeds", "1", "--variants", "mean", "sg-opt"])
+    assert len(fake.calls()) == n and "sg-opt/seed-1: finished earlier\n" in capsys.readouterr().out
+    assert not list(lb.glob("*/.*.npz")) and not list(lb.glob("*/.*.json"))
 
 
 def test_the_leaderboards_first_seed_keeps_every_sts_pairs_cosine_beside_its_record(fake, capsys):

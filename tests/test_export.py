@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import bert
+import wordpiece
 import checkpoint
 import cli as cli_py
 from lab import export as export_py
@@ -70,7 +71,7 @@ def tiny_ckpt(tiny_config, tmp_path):
     m = Bert(BertConfig(**tiny_config)).eval()
     m.extra = {"pooler.dense.weight": torch.randn(32, 32), "pooler.dense.bias": torch.randn(32)}
     (tmp_path / "vocab.txt").write_text("\n".join(WORDS) + "\n")
-    tok = bert.wordpiece_from_vocab(tmp_path / "vocab.txt")
+    tok = wordpiece.from_vocab(tmp_path / "vocab.txt")
     save_model(tmp_path / "sg.safetensors", m, {"tokenizer": tok.to_str()})
     return tmp_path / "sg.safetensors", m, tok
 
@@ -99,7 +100,7 @@ def test_export_files_and_roundtrip(tiny_ckpt, tmp_path):
     assert "no SG-BERT training recorded" in (out / "README.md").read_text()
     # all three tokenizer files give the same ids: tokenizer.json, vocab.txt, and the metadata of model.safetensors
     text = "the man playing a b . c"
-    for t in (load_tokenizer(out), bert.wordpiece_from_vocab(out / "vocab.txt"),
+    for t in (load_tokenizer(out), wordpiece.from_vocab(out / "vocab.txt"),
               load_tokenizer(out / "model.safetensors")):
         assert t.encode(text).ids == tok.encode(text).ids == [2, 7, 8, 11, 12, 5, 6, 10, 1, 3]
     # the exported model.safetensors is itself a whole sgbert checkpoint
@@ -486,7 +487,7 @@ def test_whitening_exports_as_a_dense_layer(tiny_ckpt, tmp_path, monkeypatch):
     """sentence-transformers' vectors of the exported folder are evaluate.py's: pooling, then (x - mu) W."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     st = pytest.importorskip("sentence_transformers", reason="sentence-transformers is the oracle for its layout")
-    import evaluate
+    from lab import evaluations as evaluate
     path, m, tok = tiny_ckpt
     with_transform(path, m, tok, "mean")
     out = export(path, tmp_path / "out")

@@ -194,6 +194,26 @@ def test_refusals_are_one_line(minilm_path, text_file, weights, capsys):
     assert e.value.code == 2 and "multiple of --heads" in capsys.readouterr().err
 
 
+def test_a_shipped_models_name_is_refused_before_any_work(minilm_path, text_file, weights, tmp_path, monkeypatch,
+                                                          capsys):
+    """`python -m lab.pretrain --name raw-bert-mini` wrote weights/raw-bert-mini/, which the shipped
+    models/raw-bert-mini/ then shadowed: `--model raw-bert-mini` never read it. A shipped model's name (a --keep-at
+    folder's too) is refused at the start, naming the folder `--model` reads and a free name."""
+    models = tmp_path / "models"
+    monkeypatch.setattr(checkpoint, "MODELS", models)
+    for name in ("mini", "mini-2", "k-step2"):
+        (models / name).mkdir(parents=True)
+    (weights / "mini-3").mkdir(parents=True)
+    err = refused(capsys, *args_of("mini", text_file, minilm_path, "--steps", "3"))
+    assert f"`--model mini` reads the shipped {models / 'mini'}/, not {weights / 'mini'}/" in err, err
+    assert err.endswith("choose another --name (e.g. mini-4)"), err
+    err = refused(capsys, *args_of("k", text_file, minilm_path, "--steps", "3", "--keep-at", "2"))
+    assert f"`--model k-step2` reads the shipped {models / 'k-step2'}/" in err, err
+    assert sorted(p.name for p in weights.iterdir()) == ["mini-3"]  # nothing written
+    pretrain.main(args_of("mini", text_file, minilm_path, "--sample", "5", "--sample-out", str(tmp_path / "s.txt")))
+    assert len((tmp_path / "s.txt").read_text().splitlines()) == 5  # a sample writes no model: its --name is free
+
+
 def test_corpus_holds_no_evaluation_sentence(shared_data):
     sentences, sources, _ = pretrain.corpus(shared_data)
     norm = pretrain.normal
@@ -461,11 +481,11 @@ def test_sample_out_that_is_an_input_is_refused(text_file, tmp_path, capsys):
     assert text_file.read_text() == before
 
 
-def test_a_record_of_another_text_is_refused(shared_data, minilm_path, tmp_path, capsys):
+def test_a_record_of_another_text_is_refused(shared_data, minilm_path, tmp_path, weights, capsys):
     extra = tmp_path / "b.txt"
     extra.write_text("One sentence here.\nAnother one there.\n")
     (tmp_path / "b.txt.json").write_text(json.dumps({"sha256": "0" * 64, "sources": []}))
-    err = refused(capsys, "--add-text", str(extra), "--tokenizer", str(minilm_path), "--steps", "2")
+    err = refused(capsys, "--name", "b", "--add-text", str(extra), "--tokenizer", str(minilm_path), "--steps", "2")
     assert "b.txt.json" in err and "not the record" in err
 
 

@@ -12,10 +12,11 @@ from scipy.stats import spearmanr
 import bert
 import checkpoint
 import evaluate
+from lab import evaluations
 from lab import export
 from lab import methods
 from lab import prompt
-import train
+from lab import runner as train  # the lab's trainer: every method
 from conftest import rounding_atol, save_model, tiny_model_folder
 
 WORDS = 'this sentence of " means : . ? a man dog is playing the guitar in park running'.split()
@@ -201,11 +202,11 @@ def test_a_promptbert_checkpoint_records_its_template_and_evaluate_reuses_it(wor
     meta = checkpoint.read_metadata(world["out"])
     assert (meta["method"], meta["pooling"], meta["template"]) == ("promptbert", "prompt", template)
     model, tok = bert.Bert.from_pretrained(world["out"]), bert.load_tokenizer(world["out"], max_len=32)
-    dev = evaluate.stsb_spearman(evaluate.sentence_vectors(model, tok, "prompt", template=template), world["data"])
+    dev = evaluate.stsb_spearman(evaluations.sentence_vectors(model, tok, "prompt", template=template), world["data"])
     assert meta["best"]["dev"] == pytest.approx(dev, abs=1e-9)  # the dev score: the template, no denoising
 
-    seen, real = {}, evaluate.sentence_vectors
-    monkeypatch.setattr(evaluate, "sentence_vectors", lambda *a, **k: seen.update(k, v=real(*a, **k)) or seen["v"])
+    seen, real = {}, evaluations.sentence_vectors
+    monkeypatch.setattr(evaluations, "sentence_vectors", lambda *a, **k: seen.update(k, v=real(*a, **k)) or seen["v"])
     res = evaluate.main(["--ckpt", str(world["out"]), "--pairs", str(world["pairs"]), "--data-dir", str(world["data"]),
                          "--device", "cpu"])
     assert res["pooling"] == "prompt" and res["template"] == seen["template"] == template

@@ -10,6 +10,7 @@ from scipy import stats
 
 import data
 import evaluate
+from lab import evaluations
 from lab import experiments
 from lab import report
 from data import TASKS
@@ -96,7 +97,7 @@ def write_row(folder, row, cos, avgs, evaluate_only=False):
                "transfer": None, "train": None if evaluate_only else train}
         if i == 0 and cos:
             path = folder / f"{stem}.cosines.npz"
-            evaluate.write_cosines(path, cos)
+            evaluations.write_cosines(path, cos)
             rec["cosines"] = {"file": path.name, "sha256": report.file_sha256(path)}
         (folder / f"{stem}.json").write_text(json.dumps(rec))
 
@@ -169,7 +170,7 @@ def test_a_cosines_file_that_is_not_its_runs_is_named_not_used(leaderboard, caps
     assert s["consert"]["vs"]["simcse"]["pairs_why"] == "no per-pair cosines"  # its own reason first
     assert s["mean"]["vs"]["sg-opt"]["pairs"] is not None
     bad = {t: (c[::-1].copy(), g) for t, (c, g) in cos["mean"].items()}
-    evaluate.write_cosines(lb / "mean/eval.cosines.npz", bad)  # another run's cosines under mean's name
+    evaluations.write_cosines(lb / "mean/eval.cosines.npz", bad)  # another run's cosines under mean's name
     rec = json.loads((lb / "sg-opt/seed-1.json").read_text())
     rec["sts"]["STS12"]["all"] += 1.0  # its cosines no longer give its record's score
     (lb / "sg-opt/seed-1.json").write_text(json.dumps(rec))
@@ -180,6 +181,46 @@ def test_a_cosines_file_that_is_not_its_runs_is_named_not_used(leaderboard, caps
     assert why.startswith("seed-1.cosines.npz gives STS12 ") and why.endswith(
         ", its record {:.2f}".format(rec["sts"]["STS12"]["all"]))
     assert all(s[v]["vs"][r]["pairs"] is None for v in s for r in s[v]["vs"])
+
+
+def test_a_cosines_file_damaged_inside_its_compressed_data_is_named_not_a_traceback(leaderboard, capsys):
+    """A .npz whose zip structure is whole but whose deflated data is damaged raised zlib.error out of the report: its
+    row's bootstrap cells are n/a, naming the file; the other rows keep theirs."""
+    import zipfile
+    out, _ = leaderboard
+    lb = out / "leaderboard"
+    path = lb / "simcse/seed-1.cosines.npz"
+    data = bytearray(path.read_bytes())
+    member = zipfile.ZipFile(path).infolist()[0]
+    start = member.header_offset + 30 + len(member.filename) + len(member.extra)  # its compressed bytes
+    data[start + 20:start + 60] = bytes(b ^ 0xFF for b in data[start + 20:start + 60])
+    path.write_bytes(bytes(data))
+    rec = json.loads((lb / "simcse/seed-1.json").read_text())
+    rec["cosines"]["sha256"] = report.file_sha256(path)  # damaged before its record was written: the record's own
+    (lb / "simcse/seed-1.json").write_text(json.dumps(rec))
+    report.report("leaderboard", experiments.EXPERIMENTS["leaderboard"], out)
+    s = json.loads((lb / "results.json").read_text())["variants"]
+    why = s["sg-opt"]["vs"]["simcse"]["pairs_why"]
+    assert why.startswith("SimCSE: seed-1.cosines.npz unreadable: Error -3 while decompressing data"), why
+    assert s["simcse"]["vs"]["sg-opt"]["pairs"] is None and s["mean"]["vs"]["sg-opt"]["pairs"] is not None
+    assert "| n/a (seed-1.cosines.npz unreadable: Error -3" in (lb / "results.md").read_text()
+
+
+def test_a_row_of_other_test_pairs_is_left_out_alone(leaderboard, capsys):
+    """cls evaluated on another data folder (other gold): it came first in the leaderboard's order, and every row was
+    then 'other test pairs' than it. Only its own cells are n/a now; the rows that share the test pairs keep theirs."""
+    out, cos = leaderboard
+    rng = np.random.default_rng(5)
+    other = {t: rng.integers(0, 6, 200).astype(float) for t in TASKS}
+    write_row(out / "leaderboard", "cls", noisy(other, rng, 2.0), [None], evaluate_only=True)
+    report.report("leaderboard", experiments.EXPERIMENTS["leaderboard"], out)
+    s = json.loads((out / "leaderboard/results.json").read_text())["variants"]
+    why = "other test pairs than the other rows'"
+    assert [s["cls"]["vs"][r]["pairs_why"] for r in ("simcse", "sg-opt")] == [why, why]
+    rhos = report.bootstrap_rhos({r: cos[r] for r in ("simcse", "sg-opt", "mean")})
+    assert s["sg-opt"]["vs"]["simcse"]["pairs"] == pytest.approx(report.paired_difference(rhos["sg-opt"][0],
+                                                                                          rhos["simcse"][0]))
+    assert s["mean"]["vs"]["sg-opt"]["pairs"] is not None
 
 
 def test_a_leaderboard_without_a_reference_row_has_no_columns_of_it(tmp_path, capsys):

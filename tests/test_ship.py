@@ -3,8 +3,11 @@ its pretrain.json records (a damaged copy is one line), the model card, and `shi
 evaluate.py itself. The last tests run on the model the repository ships, when it ships one."""
 import json
 import os
+import shutil
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -54,9 +57,10 @@ def test_a_shipped_model_is_found_by_name_before_weights(pretrained, dirs, minil
     assert sorted(p.name for p in shipped.iterdir()) == sorted([*ship.FILES, "README.md"])
     for f in ship.FILES:  # the bytes pretrain.py wrote, unchanged
         assert (shipped / f).read_bytes() == (folder / f).read_bytes()
-    # another model of the same name in weights/: the shipped one still wins
-    pretrain.main(["--name", "tiny", "--text", str(text_file), "--tokenizer", str(minilm_path), *SMALL, "--seed", "2",
-                   "--overwrite"])
+    # another model of the same name in weights/ (pretrain.py refuses a shipped name: made as another, then moved)
+    pretrain.main(["--name", "other", "--text", str(text_file), "--tokenizer", str(minilm_path), *SMALL, "--seed", "2"])
+    shutil.rmtree(folder)
+    (dirs[0] / "other").rename(folder)  # the shipped one still wins
     assert checkpoint.resolve("tiny") == shipped
     ck = checkpoint.load("tiny")
     assert ck.sha256 == record["sha256"]["model.safetensors"] == checkpoint.weights_sha256("tiny")
@@ -85,6 +89,40 @@ def test_a_damaged_copy_is_refused_in_one_line(pretrained, dirs, capsys, damage)
     assert "model.safetensors" in one_line_error(capsys, ship.main, ["check", "tiny", "--quick"])
 
 
+CONFLICT = "<<<<<<< HEAD\n{ours}\n=======\n{{\"args\": {{}}}}\n>>>>>>> theirs\n"  # git's markers around two records
+
+
+@pytest.mark.parametrize("damage", ["no sha256", "a number", "conflict markers"])
+def test_a_shipped_record_that_names_no_sha256_is_refused_in_one_line(pretrained, dirs, capsys, damage):
+    """A shipped model's pretrain.json without its sha256, with a number there, or with git's conflict markers in it
+    turned the load check off: the weights (here with a flipped byte too) loaded unchecked, and `check` printed
+    "sha256 None" and compared the model with every record that names no sha256. Each is one line, at every load."""
+    import evaluate
+    ship.main(["add", "tiny"])
+    folder = dirs[1] / "tiny"
+    rec = json.loads((folder / "pretrain.json").read_text())
+    if damage == "no sha256":
+        del rec["sha256"]
+        text = json.dumps(rec)
+    elif damage == "a number":
+        text = json.dumps({**rec, "sha256": 12345})
+    else:
+        text = CONFLICT.format(ours=json.dumps(rec, indent=2))
+    (folder / "pretrain.json").write_text(text)
+    data = (folder / "model.safetensors").read_bytes()
+    (folder / "model.safetensors").write_bytes(data[:-5] + bytes([data[-5] ^ 1]) + data[-4:])
+    capsys.readouterr()
+    for call in ((ship.main, ["check", "tiny", "--quick"]), (evaluate.main, ["--model", "tiny", "--pooling", "cls"])):
+        err = one_line_error(capsys, *call)
+        assert str(folder / "pretrain.json") in err and "git checkout -- models/tiny" in err, err
+        assert "Traceback" not in err and "sha256 None" not in err
+    with pytest.raises(checkpoint.LoadError, match="pretrain.json"):
+        checkpoint.load("tiny")
+    (folder / "pretrain.json").unlink()  # a shipped folder without its record: unchecked no more
+    with pytest.raises(checkpoint.LoadError, match="pretrain.json is missing"):
+        checkpoint.load("tiny")
+
+
 def test_a_weights_folder_with_a_record_is_checked_too(pretrained, capsys):
     folder, _ = pretrained
     data = (folder / "model.safetensors").read_bytes()
@@ -102,6 +140,111 @@ def test_only_a_final_model_is_shipped_and_never_over_another(minilm_path, text_
     (dirs[0] / "tiny" / "vocab.txt").unlink()
     assert "vocab.txt missing" in one_line_error(capsys, ship.main, ["add", "tiny", "--overwrite"])
     assert (dirs[1] / "tiny" / "vocab.txt").is_file(), "a refused add must leave the shipped copy as it was"
+
+
+@pytest.mark.parametrize("bad, message", [
+    ("no sha256", "pretrain.json names no sha256 of model.safetensors"),
+    ("cut in half", "pretrain.json cannot be read ("),
+    ("conflict markers", "pretrain.json cannot be read (Expecting value: line 1 column 1"),
+    ("a number", "pretrain.json names 12345, not a sha256"),
+    ("no args", "pretrain.json has no args/name"),
+])
+def test_a_record_that_cannot_make_a_card_is_refused_by_add_in_one_line(pretrained, dirs, capsys, bad, message):
+    """add took a pretrain.json without sha256 (its card said None and listed other models' rows) and failed on one
+    cut in half (JSONDecodeError): each is one line naming the file, and nothing is shipped."""
+    folder, _ = pretrained
+    rec = json.loads((folder / "pretrain.json").read_text())
+    text = {"no sha256": json.dumps({k: v for k, v in rec.items() if k != "sha256"}),
+            "cut in half": json.dumps(rec, indent=1)[:len(json.dumps(rec, indent=1)) // 2],
+            "conflict markers": CONFLICT.format(ours=json.dumps(rec)),
+            "a number": json.dumps({**rec, "sha256": 12345}),
+            "no args": json.dumps({k: v for k, v in rec.items() if k != "args"})}[bad]
+    (folder / "pretrain.json").write_text(text)
+    err = one_line_error(capsys, ship.main, ["add", "tiny"])
+    assert message in err and str(folder) in err, err
+    assert not dirs[1].exists() or not any(dirs[1].iterdir())
+
+
+@pytest.mark.parametrize("name", ["a b", "../escaped", "org/name", "m.safetensors", ".hidden"])
+def test_a_name_model_cannot_read_is_refused_by_add(pretrained, dirs, capsys, name):
+    err = one_line_error(capsys, ship.main, ["add", name, "--src", str(pretrained[0])])
+    assert f"ship add {name!r}: not a name --model can read" in err
+    assert not dirs[1].exists() or not any(dirs[1].iterdir())
+    assert not (dirs[0].parent / "escaped").exists()
+
+
+def test_a_model_whose_text_held_nothing_out_gets_a_card_without_scores(minilm_path, text_file, dirs):
+    """pretrain.py records null held-out scores when no held-out token was masked (or no sentence held out): the
+    card says so instead of failing with a TypeError."""
+    rec = pretrain.main(["--name", "z", "--text", str(text_file), "--tokenizer", str(minilm_path), *SMALL,
+                         "--mask-prob", "1e-12"])
+    assert rec["held_out"]["mlm_loss"] is None and rec["held_out"]["mlm_acc"] is None
+    ship.main(["add", "z"])
+    card = (dirs[1] / "z" / "README.md").read_text()
+    n = rec["held_out"]["sentences"]
+    assert f"| held-out masked LM | not measured ({n:,} held-out sentences, 0 masked tokens) |" in card
+    assert "nan" not in card and "None" not in card
+    held = {"sentences": 3, "mlm_loss": 2.5, "mlm_acc": 0.0}  # an accuracy of 0 is a score, not a missing one
+    assert "| held-out masked LM | loss 2.5000, accuracy 0.00% (3 sentences) |" in ship.card(
+        "z", {**rec, "held_out": held}, {})
+
+
+def test_ctrl_c_while_an_add_replaces_a_shipped_model_leaves_the_old_or_the_new(pretrained, dirs, minilm_path,
+                                                                               text_file, monkeypatch):
+    """A Ctrl-C just after add --overwrite had set the old folder aside: models/tiny was gone, the new copy deleted,
+    the old one left hidden as .tiny.PID.old. Now the signal waits for the swap, whichever thread the system hands
+    it to: the new model is in place."""
+    import signal
+    ship.main(["add", "tiny"])
+    pretrain.main(["--name", "tiny2", "--text", str(text_file), "--tokenizer", str(minilm_path), *SMALL, "--seed", "2"])
+    new = (dirs[0] / "tiny2" / "model.safetensors").read_bytes()
+    rename = Path.rename
+
+    def interrupted(self, target):  # Ctrl-C right after the old folder is set aside
+        out = rename(self, target)
+        if Path(target).name.endswith(".old"):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.1)  # time for it to act
+        return out
+    monkeypatch.setattr(Path, "rename", interrupted)
+    done = threading.Event()
+    other = threading.Thread(target=done.wait)  # a process of several threads (torch's): any of them may get it
+    other.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            ship.main(["add", "tiny", "--src", str(dirs[0] / "tiny2"), "--overwrite"])
+    finally:
+        done.set()
+        other.join()
+    monkeypatch.setattr(Path, "rename", rename)
+    shipped = dirs[1] / "tiny"
+    assert sorted(p.name for p in shipped.iterdir()) == sorted([*ship.FILES, "README.md"])
+    assert (shipped / "model.safetensors").read_bytes() == new and checkpoint.load("tiny")
+    assert sorted(p.name for p in dirs[1].iterdir()) == ["tiny"], "a hidden copy left in models/"
+
+
+def test_a_later_add_cleans_what_a_killed_add_left_and_says_so(pretrained, dirs, capsys):
+    """kill -9 during an add leaves .tiny.PID.tmp (and, between its two renames, the old folder as .tiny.PID.old with
+    no models/tiny): a later add puts the old folder back and removes the rest of dead processes, each said in a
+    line; a live process's temp folder is left alone."""
+    ship.main(["add", "tiny"])
+    models = dirs[1]
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    pid, live = int(dead.stdout), os.getppid()
+    (models / "tiny").rename(models / f".tiny.{pid}.old")  # killed between the two renames
+    (models / f".tiny.{pid}.tmp").mkdir()
+    (models / f".tiny.{pid}.tmp" / "model.safetensors").write_bytes(b"half a copy")
+    (models / f".tiny.{live}.tmp").mkdir()  # a live add's
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        ship.main(["add", "tiny"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and err[-1] == "error: models/tiny/ exists: pass --overwrite to replace it", err
+    assert err[:-1] == [f"note: put models/tiny/ back from .tiny.{pid}.old, where a killed `ship add` (pid {pid}) "
+                        "had set it aside",
+                        f"note: removed {models / f'.tiny.{pid}.tmp'}, what a killed `ship add` (pid {pid}) left"]
+    assert checkpoint.load("tiny").sha256 == checkpoint.weights_sha256(pretrained[0])
+    assert sorted(p.name for p in models.iterdir()) == sorted([f".tiny.{live}.tmp", "tiny"])
 
 
 def test_transformers_reads_a_shipped_folder(pretrained, dirs):

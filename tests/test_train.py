@@ -14,9 +14,11 @@ import checkpoint
 import cli
 import data
 import evaluate
+from lab import evaluations
 from lab import methods
 import sg_loss
 import train
+from lab import runner
 from conftest import tiny_model_folder
 
 WORDS = "a man woman dog cat is are playing eating running guitar food in the park on street with".split()
@@ -70,10 +72,10 @@ def test_full_run_writes_a_loadable_checkpoint(world):
     assert not list(world["tmp"].glob(".*tmp"))  # no temp files left behind
 
 
-@pytest.mark.parametrize("loss", list(train.methods.METHODS))
+@pytest.mark.parametrize("loss", list(runner.methods.METHODS))
 def test_the_config_line_shows_only_the_flags_the_method_uses(loss):
-    m = train.methods.METHODS[loss]
-    shown = train.used_flags(train.methods.resolve_config(train.get_args(["--loss", loss, "--device", "cpu"])))
+    m = runner.methods.METHODS[loss]
+    shown = runner.used_flags(runner.methods.resolve_config(runner.get_args(["--loss", loss, "--device", "cpu"])))
     assert not set(shown) & set(m.ignores), (loss, set(shown) & set(m.ignores))
     assert {"loss", "model", "out"} <= set(shown) and ("seed" in shown) == (loss != "whitening")  # nothing drawn
     assert ("lam" in shown) == (m.regulariser is methods.weight_distance_grad)
@@ -86,8 +88,8 @@ def test_the_default_precision_is_the_papers_fp32_on_every_device(device, monkey
     """The official code ran fp32: so does a GPU run unless --precision bf16 asks for autocast (here on a machine
     that says it has CUDA: nothing runs on it)."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert methods.resolve_config(train.get_args(["--device", device])).precision == "fp32"
-    assert methods.resolve_config(train.get_args(["--device", device, "--precision", "bf16"])).precision == "bf16"
+    assert methods.resolve_config(runner.get_args(["--device", device])).precision == "fp32"
+    assert methods.resolve_config(runner.get_args(["--device", device, "--precision", "bf16"])).precision == "bf16"
     with pytest.raises(SystemExit):
         train.get_args(["--help"])
     assert "fp32 (default, on every device: the official code's precision)" in " ".join(capsys.readouterr().out.split())
@@ -173,7 +175,7 @@ def crash_after(monkeypatch, n, exc):
             raise exc
         return real(*a, **kw)
 
-    monkeypatch.setitem(methods.METHODS, "opt", dataclasses.replace(methods.METHODS["opt"], loss=loss))
+    monkeypatch.setattr(sg_loss, "sg_opt", loss)  # train.train_step calls it through the module
 
 
 def best_state(world):
@@ -555,7 +557,7 @@ def test_whitening_checkpoint_holds_the_base_model_and_its_map(world):
     meta = checkpoint.read_metadata(world["out"])
     assert meta["transform"] == {"kind": "whitening", "dim": 16} and meta["pooling"] == "first-last"
     base, tok = bert.Bert.from_pretrained(world["model"]), bert.load_tokenizer(world["model"])
-    model, transform = evaluate.load_with_transform(world["out"])
+    model, transform = evaluations.load_with_transform(world["out"])
     for k, v in base.state_dict().items():
         assert torch.equal(model.state_dict()[k], v), k
     sents = data.training_sentences(str(world["sents"]))
@@ -566,7 +568,7 @@ def test_whitening_checkpoint_holds_the_base_model_and_its_map(world):
     got = transform(bert.encode(model, tok, sents[:5], "first-last"))
     assert abs(got - want).max() < 1e-4 * max(1, abs(want).max())
     assert result["dev"] == pytest.approx(evaluate.stsb_spearman(
-        evaluate.sentence_vectors(model, tok, "first-last", transform=transform), world["data"], "dev"), abs=1e-9)
+        evaluations.sentence_vectors(model, tok, "first-last", transform=transform), world["data"], "dev"), abs=1e-9)
 
 
 def test_flow_trains_only_the_flow_and_evaluate_applies_it(world):
@@ -574,7 +576,7 @@ def test_flow_trains_only_the_flow_and_evaluate_applies_it(world):
     assert result["steps"] == 3 and result["losses"][0][0] == 1 and result["ms_per_step"] > 0
     meta = checkpoint.read_metadata(world["out"])
     assert meta["transform"]["kind"] == "flow" and meta["transform"]["config"]["dim"] == 32
-    model, transform = evaluate.load_with_transform(world["out"])
+    model, transform = evaluations.load_with_transform(world["out"])
     tok = bert.load_tokenizer(world["out"])
     x = bert.encode(model, tok, ["a man is playing ."], "first-last")
     z = transform(x)
@@ -634,10 +636,10 @@ def test_the_final_report_is_what_evaluate_gives_whatever_max_len(world, loss):
     ev = evaluate.main(["--ckpt", str(world["out"]), "--data-dir", str(world["data"]), "--tasks", "STSBenchmark",
                         "--device", "cpu"])
     assert ev["sts"]["STSBenchmark"]["all"] == reported["test"]  # exactly: the same tokens, the same vectors
-    model, transform = evaluate.load_with_transform(world["out"])
+    model, transform = evaluations.load_with_transform(world["out"])
     short = bert.load_tokenizer(world["out"], max_len=4)  # the training tokenizer would have given another number
-    vectors = evaluate.sentence_vectors(model, short, checkpoint.read_metadata(world["out"])["pooling"],
-                                        transform=transform)
+    vectors = evaluations.sentence_vectors(model, short, checkpoint.read_metadata(world["out"])["pooling"],
+                                           transform=transform)
     assert evaluate.stsb_spearman(vectors, world["data"], "test") != reported["test"]
 
 
@@ -740,12 +742,12 @@ def step_losses(world, precision, seed, loss="opt", steps=3, spy=None):
     argv = ["--model", str(world["model"]), "--loss", loss, "--batch-size", "8", "--max-steps", "10", "--lr", "1e-3",
             "--dropout", "off", "--device", "cpu", "--precision", precision, "--seed", str(seed), *small_head(["--loss", loss])]
     argv += ["--teacher-dropout", "off"] if methods.takes(loss, "teacher_dropout") else []
-    cfg = methods.resolve_config(train.get_args(argv))
-    r = train.build_run(cfg, bert.Bert.from_pretrained(world["model"]), bert.load_tokenizer(world["model"]), sents,
-                        None, torch.device("cpu"))
+    cfg = methods.resolve_config(runner.get_args(argv))
+    r = runner.build_run(cfg, bert.Bert.from_pretrained(world["model"]), bert.load_tokenizer(world["model"]), sents,
+                         None, torch.device("cpu"))
     spy and spy(r)
-    x = train.inputs(r, sents, None)
-    return [train.train_step(r, 5 + k, *x)[0].item() for k in range(steps)]  # past the warm-up: the weights move
+    x = runner.inputs(r, sents, None)
+    return [runner.train_step(r, 5 + k, *x)[0].item() for k in range(steps)]  # past the warm-up: the weights move
 
 
 @pytest.mark.parametrize("loss", ["opt", "simcse"])
@@ -813,8 +815,12 @@ def test_an_unreachable_hub_name_says_what_works_here(world, capsys, monkeypatch
         run(world, "--model", "bert-base-uncased")
     err = capsys.readouterr().err.strip()
     assert e.value.code == 2 and len(err.splitlines()) == 1 and "downloading it failed" in err
-    assert "what works here without a network: --model " in err and "all-MiniLM-L6-v2" in err
-    assert err.endswith("or python -m lab.pretrain, then --model raw-bert-mini")
+    assert "what works here without a network: --model raw-bert-mini (shipped in models/)" in err
+    assert "all-MiniLM-L6-v2" in err
+    monkeypatch.setattr(checkpoint, "MODELS", world["tmp"] / "models")  # a clone without models/
+    with pytest.raises(SystemExit):
+        run(world, "--model", "bert-base-uncased")
+    assert capsys.readouterr().err.strip().endswith("or python -m lab.pretrain, then --model raw-bert-mini")
     (world["tmp"] / "weights" / "raw-bert-mini").mkdir(parents=True)  # once pretrain.py has made it
     with pytest.raises(SystemExit):
         run(world, "--model", "bert-base-uncased")
@@ -822,3 +828,30 @@ def test_an_unreachable_hub_name_says_what_works_here(world, capsys, monkeypatch
     with pytest.raises(SystemExit):  # a folder of this disk that is not a model: its own error, no list
         run(world, "--model", str(world["tmp"]))
     assert "what works here" not in capsys.readouterr().err
+
+
+# -----------------------------------------------------------------------------
+# the core's SG-OPT step against the lab's generic step, the code it was written out from
+
+
+def steps_of(world, module, loss, steps=4):
+    """`steps` training steps of `module`'s build_run and Run.step (dropout on, a fresh run): the losses and the
+    weights of BERT_T and f after them."""
+    sents = world["sents"].read_text().splitlines()
+    argv = ["--model", str(world["model"]), "--loss", loss, "--batch-size", "4", "--max-steps", "10", "--lr", "1e-3",
+            "--device", "cpu", "--proj-size", "16"]
+    cfg = methods.resolve_config(runner.get_args(argv))
+    r = module.build_run(cfg, bert.Bert.from_pretrained(world["model"]), bert.load_tokenizer(world["model"], 32),
+                         sents, None, torch.device("cpu"))
+    batches = train.batches(r)
+    losses = [r.step(k, *next(batches))[0] for k in range(steps)]
+    return losses, {**r.bert_T.state_dict(), **{"f." + k: v for k, v in r.head.state_dict().items()}}
+
+
+@pytest.mark.parametrize("loss", train.LOSSES)
+def test_the_core_step_is_the_labs_generic_step_bit_for_bit(world, loss):
+    """train.train_step (SG-OPT and its ablations written out) and lab/runner.py's step through the methods table
+    (views_of_F, one_view_of_F, methods.L_*): the same losses and weights, bit for bit, dropout and draws included."""
+    core, lab = steps_of(world, train, loss), steps_of(world, runner, loss)
+    assert all(torch.equal(a, b) for a, b in zip(core[0], lab[0]))
+    assert core[1].keys() == lab[1].keys() and all(torch.equal(v, lab[1][k]) for k, v in core[1].items())

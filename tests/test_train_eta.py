@@ -41,12 +41,13 @@ def test_train_loops_log_line_gives_the_eta_of_the_steps_and_evaluations(monkeyp
     clock = Clock()
     cfg = types.SimpleNamespace(overfit_batch=False, log_every=2, eval_every=3, batch_size=4, early_stop="code",
                                 patience=0)
-    run = types.SimpleNamespace(cfg=cfg, total=7, rank=0, world=1, device=types.SimpleNamespace(type="cpu"))
     one = types.SimpleNamespace(item=lambda: 1.0)
 
     def step(*_):
         clock.now += 1.0  # a training step: 1 s
         return one, one, one, 1e-5
+    run = types.SimpleNamespace(cfg=cfg, total=7, rank=0, world=1, device=types.SimpleNamespace(type="cpu"),
+                                step=step)  # Run.step: the batch's training step
 
     def evaluation(*_):
         clock.now += 10.0  # a dev evaluation: 10 s
@@ -54,10 +55,7 @@ def test_train_loops_log_line_gives_the_eta_of_the_steps_and_evaluations(monkeyp
 
     monkeypatch.setattr(train, "time", types.SimpleNamespace(perf_counter=clock.perf_counter, time=lambda: 0.0))
     monkeypatch.setattr(train, "batches", lambda run: iter([(["a"], ["a"])] * 100))
-    monkeypatch.setattr(train, "inputs", lambda run, s1, s2: ())
-    monkeypatch.setattr(train, "train_step", step)
     monkeypatch.setattr(train, "evaluation", evaluation)
-    monkeypatch.setattr(train, "global_mean", lambda run, loss: loss)
     stop, stats = train.train_loop(run, keeper=None)
     assert stop is None and stats["eval_seconds"] == [10.0, 10.0, 10.0, 10.0]  # steps 0, 3, 6 and the last, 7
     etas = {int(line.split()[1].split("/")[0]): float(line.split("ETA ")[1].split()[0])

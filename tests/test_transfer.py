@@ -1,4 +1,4 @@
-"""Tests of the SentEval transfer tasks (data.load_transfer, transfer.transfer_task and its batched trainer): the
+"""Tests of the SentEval transfer tasks (eval_data.load_transfer, transfer.transfer_task and its batched trainer): the
 batched trainer against a plain one-classifier-at-a-time loop (and SentEval's own MLP when its reference copy is
 there), the folds against sklearn, every task path on separable and on pure-noise synthetic data, the real files'
 counts, and the one-line errors."""
@@ -14,7 +14,7 @@ import lab.benchmarks.transfer
 from lab import benchmarks
 import data
 import evaluate
-from lab import transfer
+from lab import eval_data, transfer
 from data import DataError
 from conftest import tiny_model_folder
 
@@ -195,8 +195,8 @@ def test_stratified_folds(y):
 
 
 def synthetic(name, separable, d=64, seed=0):
-    """Splits shaped like data.load_transfer's and a vectors() for them. Separable: each class has its own centre, a
-    random +-1 pattern over all d dimensions, so that Adam's small steps (lr 1e-3) on every weight at once soon
+    """Splits shaped like eval_data.load_transfer's and a vectors() for them. Separable: each class has its own centre,
+    a random +-1 pattern over all d dimensions, so that Adam's small steps (lr 1e-3) on every weight at once soon
     outweigh the random start (MRPC: a paraphrase pair is one vector twice, a non-paraphrase two unrelated ones);
     noise: labels drawn apart from the vectors."""
     rng = np.random.RandomState(seed)
@@ -244,7 +244,7 @@ def test_real_transfer_counts(shared_data):
             "SST2": {"train": 67349, "dev": 872, "test": 1821}, "TREC": {"train": 5452, "test": 500},
             "MRPC": {"train": 4076, "test": 1725}}
     for name, counts in want.items():
-        splits = data.load_transfer(name, shared_data)
+        splits = eval_data.load_transfer(name, shared_data)
         for split, count in counts.items():
             x, y = splits[split]
             assert len(x) == len(y)
@@ -252,10 +252,10 @@ def test_real_transfer_counts(shared_data):
                 assert {c: int((y == c).sum()) for c in count} == count, name
             else:
                 assert len(y) == count, (name, split)
-    trec = data.load_transfer("TREC", shared_data)
+    trec = eval_data.load_transfer("TREC", shared_data)
     assert set(trec["train"][1].tolist()) == set(range(6))
     assert trec["test"][0][0] == "How far is it from Denver to Aspen ?"  # "NUM:dist How far ...": labels dropped
-    (a, b), label = data.load_transfer("MRPC", shared_data)["train"][0][0], data.load_transfer(
+    (a, b), label = eval_data.load_transfer("MRPC", shared_data)["train"][0][0], eval_data.load_transfer(
         "MRPC", shared_data)["train"][1][0]
     assert a.startswith("Amrozi accused his brother") and b.startswith("Referring to him") and label == 1
 
@@ -269,31 +269,31 @@ def test_loader_quirks_and_errors(tmp_path):
     root = tmp_path / "senteval"
     write(root / "TREC" / "train_5500.label", "DESC:manner How  did caf\xe9s start ?\nNUM:date When ?\n")
     write(root / "TREC" / "TREC_10.label", "LOC:city Where ?\n")
-    (x, y), _ = data.load_transfer("TREC", tmp_path).values()
+    (x, y), _ = eval_data.load_transfer("TREC", tmp_path).values()
     assert x == ["How did caf\xe9s start ?", "When ?"] and y.tolist() == [1, 5]  # Latin-1, whitespace collapsed
     header = "Quality\t#1 ID\t#2 ID\t#1 String\t#2 String\n"
     write(root / "MRPC" / "msr_paraphrase_train.txt", header + "1\t1\t2\tA b\tA  c\n0\t5\t6\tf\tg\n", raw=b"\xef\xbb\xbf")
     write(root / "MRPC" / "msr_paraphrase_test.txt", header + "0\t3\t4\td\te\n", raw=b"\xef\xbb\xbf")
-    mrpc = data.load_transfer("MRPC", tmp_path)
+    mrpc = eval_data.load_transfer("MRPC", tmp_path)
     assert mrpc["train"][0] == [("A b", "A c"), ("f", "g")] and mrpc["test"][1].tolist() == [0]
 
     write(root / "TREC" / "TREC_10.label", "LOC:city Where ?\nLOCATION:city Where ?\n")
     with pytest.raises(DataError, match=r"TREC_10.label:2: expected .*ABBR DESC ENTY HUM LOC NUM"):
-        data.load_transfer("TREC", tmp_path)
+        eval_data.load_transfer("TREC", tmp_path)
     write(root / "MRPC" / "msr_paraphrase_test.txt", header + "0\t3\t4\td\n")
     with pytest.raises(DataError, match=r"msr_paraphrase_test.txt:2: expected 5 tab-separated columns"):
-        data.load_transfer("MRPC", tmp_path)
+        eval_data.load_transfer("MRPC", tmp_path)
     write(root / "SST" / "binary" / "sentiment-train", "good\t1\nbad\t2\n")
     with pytest.raises(DataError, match=r"sentiment-train:2: expected 'sentence<TAB>label' with label 0 or 1"):
-        data.load_transfer("SST2", tmp_path)
+        eval_data.load_transfer("SST2", tmp_path)
     with pytest.raises(DataError, match=r"custrev.pos not found"):
-        data.load_transfer("CR", tmp_path)
+        eval_data.load_transfer("CR", tmp_path)
     write(root / "CR" / "custrev.pos", "")
     with pytest.raises(DataError, match=r"custrev.pos: 0 examples; the 10-fold protocol needs at least 10"):
-        data.load_transfer("CR", tmp_path)
+        eval_data.load_transfer("CR", tmp_path)
     write(root / "SST" / "binary" / "sentiment-train", "good\t1\nfine\t1\n")  # one class: no 100.00 from it
     with pytest.raises(DataError, match=r"sentiment-train: every example has the label 1"):
-        data.load_transfer("SST2", tmp_path)
+        eval_data.load_transfer("SST2", tmp_path)
 
 # -----------------------------------------------------------------------------
 # the command line

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 import bert
+import runtime
 import cli
 import data
 from lab.benchmarks.common import (WORDS, cuda_sync, get_device, loaded, minilm_path, pretraining_run, skip, step_setting,
@@ -47,7 +48,7 @@ def bench_precision(results, args):
     reference step; and encoding (bert.encode, evaluate.py --precision) in sentences/s, bf16 vs fp32, with how far
     bf16 moved the cosines; with a unit, the products' own rates (gemm_rates: fp32, bf16, fp16), the ceiling of any
     bf16 speed-up (a unit is not always faster: AVX512-BF16 without AMX ran bf16 at x0.5 of fp32 on a Xeon). Without
-    a unit, bf16's products are emulated in fp32 (bert.Bf16Products, as train.py and bert.encode run them there).
+    a unit, bf16's products are emulated in fp32 (runtime.Bf16Products, as train.py and bert.encode run them there).
     Targets on a CPU with a unit: bf16 step and bf16 encoding >= 2x fp32's."""
     path, data_dir, why = step_setting(args)
     if data_dir and not why:  # encoding_rates' sentences: checked before the timing, not after a minute of it
@@ -201,7 +202,7 @@ def mlm_inputs(args, common, per_batch):
 
 def steps_in(precision, device, fn):
     """fn() as pretrain.py runs its steps: bf16 on a CPU without a bf16 unit with its products emulated."""
-    with bert.bf16_products(precision, torch.device(device).type):
+    with runtime.bf16_products(precision, torch.device(device).type):
         return fn()
 
 

@@ -56,8 +56,7 @@ def sgopt_step(args, path, precision, batch=16, n=8):
     tok = bert.load_tokenizer(path)
     batches = itertools.cycle([bert.batch_tensors(tok.encode_batch(sents[i:i + batch]))
                                for i in range(0, len(sents), batch)])
-    cfg = methods.resolve_config(train.get_args(["--model", str(path), "--precision", precision, "--max-steps", "1000",
-                                                 "--device", "cpu"]))
+    cfg = train.get_args(["--model", str(path), "--precision", precision, "--max-steps", "1000", "--device", "cpu"])
     with contextlib.redirect_stdout(io.StringIO()):
         run = train.build_run(cfg, bert.Bert.from_pretrained(path), tok, ["a", "b"], None, torch.device("cpu"))
     steps = itertools.count(200)  # past the warm-up: the lr near its peak

@@ -12,7 +12,7 @@ import torch
 
 import bert
 import data
-from lab import transfer  # the top-level transfer.py (this file is benchmarks.transfer)
+from lab import eval_data, transfer  # the top-level transfer.py (this file is benchmarks.transfer)
 from lab.benchmarks.common import ROOT, get_device, minilm_path, missing, save, skip, verdict
 
 
@@ -91,7 +91,7 @@ def bench_transfer(results, args):
           f"{', '.join(f'{k} {v}' for k, v in threads.items())}; ratio = SentEval / ours")
     rows, secs = {}, dict.fromkeys(threads, 0.0)
     for t, name in enumerate(tasks):
-        splits = data.load_transfer(name, data_dir)
+        splits = eval_data.load_transfer(name, data_dir)
         sents = list(dict.fromkeys(s for x, _ in splits.values() for e in x for s in (e if name == "MRPC" else (e,))))
         emb = bert.encode(model, tok, sents, pooling=args.transfer_pooling)  # (n, H), the vectors both sides use
         index = {s: i for i, s in enumerate(sents)}
