@@ -31,7 +31,6 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-import data
 from lab import eval_data
 from checkpoint import (LoadError, OutputLocked, display_name, file_sha256, output_lock, weights_sha256, write_json,
                         write_text)

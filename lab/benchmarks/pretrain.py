@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 import cli
 import data
-from lab.benchmarks.common import (BENCH, cuda_sync, get_device, minilm_path, missing, pretraining_run, skip,
+from lab.benchmarks.common import (BENCH, ROOT, cuda_sync, get_device, minilm_path, missing, pretraining_run, skip,
                                time_alternating, verdict)
 from cli import die
 

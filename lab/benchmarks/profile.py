@@ -47,7 +47,6 @@ def pretrain_step(args, path, shape, precision, batch=128, n=8):
 
 def sgopt_step(args, path, precision, batch=16, n=8):
     """A zero-argument train.py SG-OPT step on the next of n fixed STS-B batches (the recipe's flags)."""
-    from lab import methods
     import train
     data_dir, why = loaded(data.resolve_data_dir, args.data_dir, fetch=False)
     if why:

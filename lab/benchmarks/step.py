@@ -3,7 +3,6 @@ transformers.BertModel with the official formulation of the loss and of the regu
 per-parameter norms): time, the step by phase, the achieved GFLOP/s against this machine's GEMM rate; the peak memory
 of a few of those steps; train.py itself on 1 process vs torchrun with 2 gloo processes."""
 import contextlib
-import dataclasses
 import gc
 import io
 import itertools
@@ -18,8 +17,8 @@ from pathlib import Path
 import torch
 
 import bert
+import runtime
 import data
-from lab import methods
 from lab import reference
 import sg_loss
 import train
@@ -71,7 +70,7 @@ def make_step_run(impl, path, data_dir=None, batch_size=16, steps=1, device="cpu
             run = train.build_run(cfg, bert.Bert.from_pretrained(path), bert.load_tokenizer(path), ["a", "b"], None, device)
 
         def run_steps():
-            with bert.bf16_products(cfg.precision, device.type):  # as train.py holds it: bf16 without a bf16 unit
+            with runtime.bf16_products(cfg.precision, device.type):  # as train.py holds it: bf16 without a bf16 unit
                 for _ in range(steps):
                     x = next(batches)
                     loss, reg, _, _ = train.train_step(run, next(counter), x, x)
