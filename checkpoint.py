@@ -1,9 +1,10 @@
 """
-The disk: model folders and the hub, safetensors checkpoints and their metadata schema, atomic writes, one writer
-per output.
+The disk: model folders and the hub, safetensors checkpoints and their metadata schema, atomic
+writes, one writer per output.
 
-Floor 1: it imports no project module, and every project module reads and writes files through it. Nothing here
-knows what a BERT is: a checkpoint is named tensors plus the metadata below, and bert.py maps them to a model.
+Floor 1: it imports no project module, and every project module reads and writes files through it.
+Nothing here knows what a BERT is: a checkpoint is named tensors plus the metadata below, and
+bert.py maps them to a model.
 """
 import glob
 import http.client
@@ -27,7 +28,8 @@ HF_ENDPOINT = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
 
 
 class LoadError(Exception):
-    """A model, checkpoint, tokenizer or output path that cannot be used; the message names the file and what to do."""
+    """A model, checkpoint, tokenizer or output path that cannot be used; the message names the file
+    and what to do."""
 
 
 class OutputLocked(LoadError):
@@ -65,24 +67,26 @@ TRANSFORM_PREFIX = "transform."
 
 
 def display_name(name_or_path):
-    """How records name a model or a file: a hub-style name as the user gave it ("bert-base-uncased"), a path by its
-    own name ("all-MiniLM-L6-v2", "sg.safetensors"): never this machine's folders."""
+    """How records name a model or a file: a hub-style name as the user gave it
+    ("bert-base-uncased"), a path by its own name ("all-MiniLM-L6-v2", "sg.safetensors"): never this
+    machine's folders."""
     s = str(name_or_path)
     return (Path(s).name or s) if Path(s).is_absolute() or Path(s).exists() else s
 
 
 def weights_sha256(name_or_path):
-    """The sha256 of a model's weights (a folder's model.safetensors, or the .safetensors file itself), what a record
-    names beside the model's name so that no table mixes two models of one name; None when not on this disk (this
-    never downloads)."""
+    """The sha256 of a model's weights (a folder's model.safetensors, or the .safetensors file
+    itself), what a record names beside the model's name so that no table mixes two models of one
+    name; None when not on this disk (this never downloads)."""
     p = local_path(name_or_path)
     f = p / "model.safetensors" if p.is_dir() else p
     return file_sha256(f) if f.is_file() else None
 
 
 def local_path(name_or_path):
-    """Where a model is on this disk, as resolve finds it but never downloading: an existing path as is, else
-    models/<name>/ when the repository ships it, else weights/<name>/ (which may not exist)."""
+    """Where a model is on this disk, as resolve finds it but never downloading: an existing path as
+    is, else models/<name>/ when the repository ships it, else weights/<name>/ (which may not
+    exist)."""
     p, name = Path(name_or_path), str(name_or_path)
     return p if p.exists() else MODELS / name if (MODELS / name).is_dir() else WEIGHTS / name
 
@@ -97,8 +101,8 @@ def file_sha256(path):
 
 
 def resolve(name_or_path):
-    """Path of a model: an existing path as is, else the project's own models/<name>/ (tracked, shipped with the
-    clone), else weights/<name>/, downloaded from the hub if missing."""
+    """Path of a model: an existing path as is, else the project's own models/<name>/ (tracked,
+    shipped with the clone), else weights/<name>/, downloaded from the hub if missing."""
     p, name = Path(name_or_path), str(name_or_path)
     if p.exists():
         return p
@@ -118,8 +122,9 @@ HUB_NAME = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)*", re.ASCII)  # 
 
 
 def download(name, dest):
-    """Fetch config.json, model.safetensors and tokenizer.json (or vocab.txt) from the hub into dest, atomically:
-    each file checked as it arrives (fetch), the folder renamed in only once all of them are."""
+    """Fetch config.json, model.safetensors and tokenizer.json (or vocab.txt) from the hub into
+    dest, atomically: each file checked as it arrives (fetch), the folder renamed in only once all
+    of them are."""
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -151,13 +156,15 @@ def download(name, dest):
 
 
 class BadDownload(OSError):
-    """A file that arrived but is not what was asked for (cut short, an HTML page, a broken header)."""
+    """A file that arrived but is not what was asked for (cut short, an HTML page, a broken
+    header)."""
 
 
 def fetch(url, path, tries=2):
-    """Stream url to path with a one-line progress display on stderr, and check what arrived (check_download). A
-    failed try (a dropped connection, a bad file, a server error) is retried once; an HTTP 4xx is not (a 404 is
-    how the hub says a file is absent). Raises OSError (urllib's errors, BadDownload) when no try gave the file."""
+    """Stream url to path with a one-line progress display on stderr, and check what arrived
+    (check_download). A failed try (a dropped connection, a bad file, a server error) is retried
+    once; an HTTP 4xx is not (a 404 is how the hub says a file is absent). Raises OSError (urllib's
+    errors, BadDownload) when no try gave the file."""
     for attempt in range(1, tries + 1):
         try:
             with urllib.request.urlopen(url, timeout=30) as r, open(path, "wb") as f:
@@ -185,8 +192,9 @@ def fetch(url, path, tries=2):
 
 
 def check_download(url, path):
-    """A fetched file is what its name says: a .json parses, a .safetensors has a header whose tensors fill the file
-    exactly (safetensors' layout: 8-byte little-endian header size, the JSON header, the data). BadDownload if not."""
+    """A fetched file is what its name says: a .json parses, a .safetensors has a header whose
+    tensors fill the file exactly (safetensors' layout: 8-byte little-endian header size, the JSON
+    header, the data). BadDownload if not."""
     try:
         if path.suffix == ".json":
             json.loads(path.read_bytes())
@@ -202,8 +210,8 @@ def check_download(url, path):
 
 @dataclass
 class Checkpoint:
-    """A model as load read it, once: everything its BERT (bert.py), its tokenizer and its fitted transform
-    (posthoc.py) are built from, so that nothing opens the file again."""
+    """A model as load read it, once: everything its BERT (bert.py), its tokenizer and its fitted
+    transform (posthoc.py) are built from, so that nothing opens the file again."""
     path: Path  # what was read: our .safetensors checkpoint, or a model folder
     weights: Path  # the weights file: the checkpoint itself, or the folder's model.safetensors
     tensors: dict  # {key: tensor} as stored; {} when read without tensors
@@ -215,10 +223,10 @@ class Checkpoint:
 
 
 def load(name_or_path, tensors=True):
-    """A model read once: our .safetensors checkpoint (weights; config, tokenizer and the rest in its metadata), a
-    model folder (config.json, model.safetensors, tokenizer.json or vocab.txt), or a name found as weights/<name>/
-    (downloaded from the hub when missing). tensors=False reads a checkpoint's header alone and a folder's weights
-    not at all: what a tokenizer needs."""
+    """A model read once: our .safetensors checkpoint (weights; config, tokenizer and the rest in
+    its metadata), a model folder (config.json, model.safetensors, tokenizer.json or vocab.txt), or
+    a name found as weights/<name>/ (downloaded from the hub when missing). tensors=False reads a
+    checkpoint's header alone and a folder's weights not at all: what a tokenizer needs."""
     src = resolve(name_or_path)
     if src.suffix == ".safetensors" or src.is_file():
         path = check_checkpoint_path(src)
@@ -242,10 +250,11 @@ def load(name_or_path, tensors=True):
 
 
 def recorded_sha256(folder):
-    """The sha256 of model.safetensors that a model folder's own record (pretrain.json: pretrain.py writes it, and
-    models/<name>/ ships it) names, or None for a folder of weights/ without one. A shipped folder must name one, and
-    any record must be readable: a record that is missing there, is not JSON (a git conflict), or names no sha256 or
-    not one (a number) is a LoadError naming it, never a load left unchecked."""
+    """The sha256 of model.safetensors that a model folder's own record (pretrain.json: pretrain.py
+    writes it, and models/<name>/ ships it) names, or None for a folder of weights/ without one. A
+    shipped folder must name one, and any record must be readable: a record that is missing there,
+    is not JSON (a git conflict), or names no sha256 or not one (a number) is a LoadError naming it,
+    never a load left unchecked."""
     path, shipped = folder / "pretrain.json", is_shipped(folder)
     try:
         rec = json.loads(path.read_text(encoding="utf-8"))
@@ -283,10 +292,11 @@ def record_fix(folder):
 
 
 def read_recorded(folder, weights):
-    """read_safetensors of a folder's weights, checked against the sha256 its pretrain.json records: a copy that is
-    not the recorded model (a damaged or truncated file, a Git LFS pointer in place of the weights) is one LoadError
-    naming the file and what to do, never a model that silently differs from the one its records describe. A shipped
-    folder's record must name the sha256 (recorded_sha256)."""
+    """read_safetensors of a folder's weights, checked against the sha256 its pretrain.json records:
+    a copy that is not the recorded model (a damaged or truncated file, a Git LFS pointer in place
+    of the weights) is one LoadError naming the file and what to do, never a model that silently
+    differs from the one its records describe. A shipped folder's record must name the sha256
+    (recorded_sha256)."""
     want = recorded_sha256(folder)
     if want is None:
         return read_safetensors(weights)
@@ -308,9 +318,10 @@ def read_recorded(folder, weights):
 
 
 def check_transform(path, meta, tensors, config):
-    """A fitted transform's tensors (META 'transform') against the model's width H, config 'hidden_size': a LoadError
-    naming the file and the key, never a shape error at the first encoding (or a Dense layer of the wrong width in an
-    export). What is missing is posthoc.transform_of's to name; without tensors (a header read) nothing is checked."""
+    """A fitted transform's tensors (META 'transform') against the model's width H, config
+    'hidden_size': a LoadError naming the file and the key, never a shape error at the first
+    encoding (or a Dense layer of the wrong width in an export). What is missing is
+    posthoc.transform_of's to name; without tensors (a header read) nothing is checked."""
     info, H = meta.get("transform"), config.get("hidden_size") if isinstance(config, dict) else None
     if not tensors or not info or not isinstance(H, int):
         return
@@ -331,15 +342,16 @@ def check_transform(path, meta, tensors, config):
 
 
 def read_metadata(path):
-    """The metadata of a .safetensors file, from its header alone, the JSON values our checkpoints store decoded and
-    type-checked."""
+    """The metadata of a .safetensors file, from its header alone, the JSON values our checkpoints
+    store decoded and type-checked."""
     return read_safetensors(path, tensors=False)[1]
 
 
 def read_safetensors(path, tensors=True):
-    """The safetensors format (write_safetensors) read back in one pass over the file: ({key: tensor}, metadata,
-    sha256 of the file's bytes); tensors=False reads the header alone: ({}, metadata, None). Each tensor is read
-    straight into its own storage, in file order, the hash following along: one open, one read, no copy."""
+    """The safetensors format (write_safetensors) read back in one pass over the file: ({key:
+    tensor}, metadata, sha256 of the file's bytes); tensors=False reads the header alone: ({},
+    metadata, None). Each tensor is read straight into its own storage, in file order, the hash
+    following along: one open, one read, no copy."""
     import hashlib
     try:
         with open(path, "rb") as f:
@@ -360,9 +372,9 @@ def read_safetensors(path, tensors=True):
 
 
 def safetensors_header(f):
-    """The header of an open .safetensors file (8-byte little-endian size, then JSON), checked against the file:
-    (its bytes, the metadata, [(key, dtype, shape)] in file order). ValueError unless it describes exactly the
-    bytes that follow (the format has no holes)."""
+    """The header of an open .safetensors file (8-byte little-endian size, then JSON), checked
+    against the file: (its bytes, the metadata, [(key, dtype, shape)] in file order). ValueError
+    unless it describes exactly the bytes that follow (the format has no holes)."""
     size, head = os.fstat(f.fileno()).st_size, f.read(8)
     n = int.from_bytes(head, "little")
     if len(head) < 8 or not 2 <= n <= size - 8:
@@ -384,7 +396,8 @@ def safetensors_header(f):
 
 
 def decode_metadata(path, meta):
-    """A header's metadata {str: str} with the JSON values (JSON_META) decoded, each checked to be an object."""
+    """A header's metadata {str: str} with the JSON values (JSON_META) decoded, each checked to be
+    an object."""
     if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
         raise LoadError(f"{path}: not a valid safetensors file (its metadata is not a map of strings); re-create it")
     out = {}
@@ -399,10 +412,11 @@ def decode_metadata(path, meta):
 
 
 def save_checkpoint(path, tensors, meta):
-    """Write tensors {name: tensor} and meta (the keys of META; dicts are stored as JSON) to a .safetensors file,
-    atomically: a temp file beside it, then a rename, so a crash never leaves a half-written checkpoint. The same
-    tensors and meta give the same bytes. It takes no lock: whoever writes path over a whole run holds
-    output_lock(path) for it. A symlink is followed: its target is replaced, the link stays."""
+    """Write tensors {name: tensor} and meta (the keys of META; dicts are stored as JSON) to a
+    .safetensors file, atomically: a temp file beside it, then a rename, so a crash never leaves a
+    half-written checkpoint. The same tensors and meta give the same bytes. It takes no lock:
+    whoever writes path over a whole run holds output_lock(path) for it. A symlink is followed: its
+    target is replaced, the link stays."""
     unknown = sorted(set(meta) - set(META))
     assert not unknown, f"metadata keys {unknown} are not in checkpoint.META: add them to the schema first"
     meta = {"format": "pt", **meta}
@@ -411,9 +425,9 @@ def save_checkpoint(path, tensors, meta):
     atomic_write(path, lambda f: write_safetensors(f, tensors, meta))
 
 def write_safetensors(f, tensors, meta):
-    """The safetensors format written out: 8-byte header size, JSON header, raw tensor bytes. safetensors' own
-    writer orders the metadata by a hash map whose seed changes per run; here every order is fixed, so the same
-    tensors and metadata always give the same bytes."""
+    """The safetensors format written out: 8-byte header size, JSON header, raw tensor bytes.
+    safetensors' own writer orders the metadata by a hash map whose seed changes per run; here every
+    order is fixed, so the same tensors and metadata always give the same bytes."""
     import torch  # here, not at the top: the sweep and report commands import this file and need no torch
     st_name = {getattr(torch, v[0]): k for k, v in ST_DTYPES.items()}
     names = sorted(tensors, key=lambda k: (-tensors[k].element_size(), k))  # widest dtype first keeps data aligned
@@ -436,8 +450,9 @@ ST_DTYPES = {"F64": ("float64", 8), "F32": ("float32", 4), "F16": ("float16", 2)
 
 
 def check_checkpoint_path(path, write=False):
-    """A checkpoint path (train.py --out, evaluate.py --ckpt) checked before any work: a .safetensors file name, not
-    a folder; to read, an existing file; to write, in an existing folder we can write to. Returns it as a Path."""
+    """A checkpoint path (train.py --out, evaluate.py --ckpt) checked before any work: a
+    .safetensors file name, not a folder; to read, an existing file; to write, in an existing folder
+    we can write to. Returns it as a Path."""
     p = Path(path)
     target = Path(os.path.realpath(p)) if str(path).strip() else p  # a symlink is written through (atomic_write)
     link = f"is a link to {target}, which is " if target != p.absolute() and p.is_symlink() else ""
@@ -462,9 +477,10 @@ def check_checkpoint_path(path, write=False):
 
 
 def atomic_write(path, write):
-    """Write path through write(f) (f a binary file), atomically: into a hidden temp file beside it, flushed to disk,
-    then renamed over path, so a reader (or a crash) sees the old file or the new one, never half of one. What a
-    killed earlier writer left beside path is cleaned first. A symlink is followed: its target is replaced."""
+    """Write path through write(f) (f a binary file), atomically: into a hidden temp file beside it,
+    flushed to disk, then renamed over path, so a reader (or a crash) sees the old file or the new
+    one, never half of one. What a killed earlier writer left beside path is cleaned first. A
+    symlink is followed: its target is replaced."""
     path = Path(os.path.realpath(path))
     tmp = staged(path, write)
     try:
@@ -475,9 +491,9 @@ def atomic_write(path, write):
 
 
 def staged(path, write):
-    """path's new bytes written through write(f) into its temp file beside it and flushed to disk; returns the temp
-    file, for the caller to rename in (os.replace). What killed earlier writers left is cleaned first; a failed write
-    leaves no temp file."""
+    """path's new bytes written through write(f) into its temp file beside it and flushed to disk;
+    returns the temp file, for the caller to rename in (os.replace). What killed earlier writers
+    left is cleaned first; a failed write leaves no temp file."""
     clean_leftovers(path)
     tmp = temp_path(path)
     try:
@@ -493,10 +509,11 @@ def staged(path, write):
 
 
 def write_pair(path, text, record_path, record):
-    """A text file and its JSON record, which names the text's sha256: two files that must change together. Both are
-    staged (written and flushed) first, then the old record is removed, the text renamed in, the record last. An
-    error before the renames leaves both as they were; a kill between them leaves the old text or the new one with no
-    record beside it, never the record of another text (and a reader compares the record's sha256 with the text's)."""
+    """A text file and its JSON record, which names the text's sha256: two files that must change
+    together. Both are staged (written and flushed) first, then the old record is removed, the text
+    renamed in, the record last. An error before the renames leaves both as they were; a kill
+    between them leaves the old text or the new one with no record beside it, never the record of
+    another text (and a reader compares the record's sha256 with the text's)."""
     paths, tmps = [Path(os.path.realpath(p)) for p in (path, record_path)], []
     try:
         for p, data in zip(paths, (text.encode("utf-8"), json_text(record).encode("utf-8"))):
@@ -516,7 +533,8 @@ def write_text(path, text):
 
 
 def json_safe(x):
-    """NaN / inf (a constant similarity, e.g. [CLS] of the embedding layer) as null, so the file is strict JSON."""
+    """NaN / inf (a constant similarity, e.g. [CLS] of the embedding layer) as null, so the file is
+    strict JSON."""
     if isinstance(x, dict):
         return {k: json_safe(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
@@ -533,8 +551,9 @@ def write_json(path, obj):
 
 
 def check_output(path, suffix):
-    """An output file path checked before any work: a file name ending in suffix (any when None), not a folder, in an
-    existing folder we can write to. Returns it as a Path; else LoadError saying what is wrong."""
+    """An output file path checked before any work: a file name ending in suffix (any when None),
+    not a folder, in an existing folder we can write to. Returns it as a Path; else LoadError saying
+    what is wrong."""
     p = Path(path)
     folder = p.resolve().parent
     if not str(path).strip() or not p.name:
@@ -553,8 +572,9 @@ def check_output(path, suffix):
 
 
 def same_path(a, b):
-    """a and b name one file or folder: the same path once resolved (a symlink, '..', another spelling), or one inode
-    (os.path.samefile: a hard link, a bind mount) when both exist. What keeps an output from replacing an input."""
+    """a and b name one file or folder: the same path once resolved (a symlink, '..', another
+    spelling), or one inode (os.path.samefile: a hard link, a bind mount) when both exist. What
+    keeps an output from replacing an input."""
     try:
         return os.path.realpath(a) == os.path.realpath(b) or os.path.samefile(a, b)
     except OSError:  # one of them does not exist
@@ -562,8 +582,9 @@ def same_path(a, b):
 
 
 def cannot_write(folder):
-    """Why no new file can be made in folder ('' when access() says so; ': <reason>' when a real try fails), or
-    None when it can. access() passes for root, and on file systems that refuse new files anyway (/proc): try one."""
+    """Why no new file can be made in folder ('' when access() says so; ': <reason>' when a real try
+    fails), or None when it can. access() passes for root, and on file systems that refuse new files
+    anyway (/proc): try one."""
     if not os.access(folder, os.W_OK):
         return ""
     try:
@@ -581,13 +602,15 @@ def cannot_write(folder):
 
 @contextmanager
 def output_lock(path):
-    """Hold the lock of an output (a checkpoint file, an export folder) while writing it: one process per output.
+    """Hold the lock of an output (a checkpoint file, an export folder) while writing it: one
+    process per output.
 
-    The lock is the file .NAME.lock beside path, holding the owner's pid, with an flock on it. Anyone else asking
-    for the same path (another process, or this one again: it is not re-entrant) gets OutputLocked at once, a
-    one-line message naming the owner's pid; nothing waits. The kernel drops an flock when its process dies, however
-    it dies (kill -9 too), so the lock of a dead process is taken over, never in the way. The file goes on release.
-    It keeps our own runs apart; nothing stops another program from writing path."""
+    The lock is the file .NAME.lock beside path, holding the owner's pid, with an flock on it.
+    Anyone else asking for the same path (another process, or this one again: it is not re-entrant)
+    gets OutputLocked at once, a one-line message naming the owner's pid; nothing waits. The kernel
+    drops an flock when its process dies, however it dies (kill -9 too), so the lock of a dead
+    process is taken over, never in the way. The file goes on release. It keeps our own runs apart;
+    nothing stops another program from writing path."""
     import fcntl
     path = Path(path)
     lock = path.with_name(f".{path.name}.lock")
@@ -626,8 +649,9 @@ def same_file(fd, path):
 
 
 def drop_lock(fd, lock):
-    """Release an output lock: remove its file if this fd holds its flock (or can take it now: a Ctrl-C came before
-    ours did) and it is still the file named lock, then close the fd. Another process's lock is never removed."""
+    """Release an output lock: remove its file if this fd holds its flock (or can take it now: a
+    Ctrl-C came before ours did) and it is still the file named lock, then close the fd. Another
+    process's lock is never removed."""
     import fcntl
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a no-op when we hold it
@@ -640,14 +664,16 @@ def drop_lock(fd, lock):
 
 
 def temp_path(path, kind="tmp"):
-    """Where path is written before it is renamed in: beside it (a rename within one file system is atomic), hidden,
-    named with our pid, so that a later run can tell what a killed run left from what a live one is writing."""
+    """Where path is written before it is renamed in: beside it (a rename within one file system is
+    atomic), hidden, named with our pid, so that a later run can tell what a killed run left from
+    what a live one is writing."""
     return path.with_name(f".{path.name}.{os.getpid()}.{kind}")
 
 
 def clean_leftovers(path):
-    """Remove what killed runs left beside path: .NAME.PID.tmp files or folders whose process is gone. A folder
-    .NAME.PID.old is the previous path that an export had set aside: put back if path is missing, else removed."""
+    """Remove what killed runs left beside path: .NAME.PID.tmp files or folders whose process is
+    gone. A folder .NAME.PID.old is the previous path that an export had set aside: put back if path
+    is missing, else removed."""
     for p in sorted(path.parent.glob(f".{glob.escape(path.name)}.*")):
         pid, _, kind = p.name[len(path.name) + 2:].partition(".")
         if kind not in ("tmp", "old") or not pid.isdigit() or pid_alive(int(pid)):
