@@ -2,9 +2,8 @@
 The disk: model folders and the hub, safetensors checkpoints and their metadata schema, atomic
 writes, one writer per output.
 
-Floor 1: it imports no project module, and every project module reads and writes files through it.
-Nothing here knows what a BERT is: a checkpoint is named tensors plus the metadata below, and
-bert.py maps them to a model.
+Floor 1: it imports no project module; all others do their file I/O through it. Nothing here knows
+what a BERT is: a checkpoint is named tensors plus the metadata below; bert.py maps them to a model.
 """
 import glob
 import http.client
@@ -22,14 +21,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 WEIGHTS = Path(os.environ.get("SG_WEIGHTS") or Path(__file__).resolve().parent / "weights")
-# the project's own models, tracked in git (models/README.md), found by name before WEIGHTS; SG_MODELS: another folder
+# our own models, tracked in git (models/README.md), found before WEIGHTS; SG_MODELS: another folder
 MODELS = Path(os.environ.get("SG_MODELS") or Path(__file__).resolve().parent / "models")
 HF_ENDPOINT = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
 
 
 class LoadError(Exception):
-    """A model, checkpoint, tokenizer or output path that cannot be used; the message names the file
-    and what to do."""
+    """An unusable model, checkpoint, tokenizer or output path; the message names it and the fix."""
 
 
 class OutputLocked(LoadError):
@@ -38,26 +36,29 @@ class OutputLocked(LoadError):
 # -----------------------------------------------------------------------------
 # the metadata schema of a checkpoint, written down once
 #
-# A checkpoint is one .safetensors file: the weights under HF BertModel key names (so transformers could read them),
-# plus string metadata. train.py writes, evaluate.py and export.py read; older checkpoints lack the newer keys.
+# A checkpoint is one .safetensors file: weights under HF BertModel names (transformers reads them),
+# plus string metadata. train.py writes, evaluate.py and export.py read; older ones lack newer keys.
 
 META = {
     "format": "'pt': safetensors' tag for torch tensors",
     "config": "JSON: the BertConfig, exactly the config.json keys",
     "tokenizer": "the tokenizers library's JSON of the tokenizer (a string, not decoded)",
-    "base_model": "the model the run started from, as the user named it (a folder's own name, never a machine path)",
-    "base_sha256": "the sha256 of the base model's weights file, so that two models of one name are never mixed",
+    "base_model": "the model the run started from, as the user named it (a folder's own name, "
+                  "never a machine path)",
+    "base_sha256": "the sha256 of the base model's weights file, so that two models of one name "
+                   "are never mixed",
     "method": "train.py --loss: opt, sg, opt1, opt2, consert, simcse, promptbert, whitening, flow",
-    "pooling": "how evaluate.py makes the sentence vector: a pooling of bert.POOLINGS, or 'prompt' (PromptBERT: the "
-               "[MASK] vector of the sentence inside 'template')",
-    "template": "pooling 'prompt': the template evaluate.py puts each sentence in, one [X] (the sentence) and one "
-                "[MASK] (prompt.py)",
-    "args": "JSON: the resolved training config (every flag, with the method's recipe defaults applied)",
+    "pooling": "how evaluate.py makes the sentence vector: a pooling of bert.POOLINGS, or 'prompt' "
+               "(PromptBERT: the [MASK] vector of the sentence inside 'template')",
+    "template": "pooling 'prompt': the template evaluate.py puts each sentence in, one [X] (the "
+                "sentence) and one [MASK] (prompt.py)",
+    "args": "JSON: the resolved training config (every flag, with the method's recipe defaults "
+            "applied)",
     "best": "JSON: {step, dev} of the weights in the file (STS-B dev Spearman x100)",
     "git": "the short commit of the code that wrote it",
-    "transform": "JSON: a fitted transform applied after pooling (posthoc.py): {kind, config}; its tensors are "
-                 "stored under the 'transform.' prefix (whitening: mu (H,) and W (H, dim); flow: config dim H; H the "
-                 "config's hidden_size, checked by load)",
+    "transform": "JSON: a fitted transform applied after pooling (posthoc.py): {kind, config}; its "
+                 "tensors are stored under the 'transform.' prefix (whitening: mu (H,) and W (H, "
+                 "dim); flow: config dim H; H the config's hidden_size, checked by load)",
 }
 JSON_META = ("config", "args", "best", "transform")  # metadata values stored as JSON objects
 TRANSFORM_PREFIX = "transform."
@@ -67,9 +68,8 @@ TRANSFORM_PREFIX = "transform."
 
 
 def display_name(name_or_path):
-    """How records name a model or a file: a hub-style name as the user gave it
-    ("bert-base-uncased"), a path by its own name ("all-MiniLM-L6-v2", "sg.safetensors"): never this
-    machine's folders."""
+    """How records name a model or a file: a hub-style name as given ("bert-base-uncased"), a path
+    by its own name ("all-MiniLM-L6-v2", "sg.safetensors"): never this machine's folders."""
     s = str(name_or_path)
     return (Path(s).name or s) if Path(s).is_absolute() or Path(s).exists() else s
 
@@ -85,8 +85,7 @@ def weights_sha256(name_or_path):
 
 def local_path(name_or_path):
     """Where a model is on this disk, as resolve finds it but never downloading: an existing path as
-    is, else models/<name>/ when the repository ships it, else weights/<name>/ (which may not
-    exist)."""
+    is, else models/<name>/ if shipped, else weights/<name>/ (which may not exist)."""
     p, name = Path(name_or_path), str(name_or_path)
     return p if p.exists() else MODELS / name if (MODELS / name).is_dir() else WEIGHTS / name
 
@@ -108,8 +107,9 @@ def resolve(name_or_path):
         return p
     if p.suffix == ".safetensors" or p.is_absolute() or name.startswith("."):
         raise LoadError(f"{p} not found")
-    if not HUB_NAME.fullmatch(name):  # 'a/../../x' and the like would read and write outside weights/
-        raise LoadError(f"{name} not found, and it is not a model name (org/name: letters, digits, '.', '-', '_')")
+    if not HUB_NAME.fullmatch(name):  # 'a/../../x' and the like would reach outside weights/
+        raise LoadError(f"{name} not found, and it is not a model name (org/name: letters, digits, "
+                        "'.', '-', '_')")
     if (MODELS / name).is_dir():
         return MODELS / name
     local = WEIGHTS / name
@@ -118,18 +118,19 @@ def resolve(name_or_path):
     return local
 
 
-HUB_NAME = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)*", re.ASCII)  # no '', '.', '..' parts, no '\\'
+# no '', '.', '..' parts, no '\\'
+HUB_NAME = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)*", re.ASCII)
 
 
 def download(name, dest):
     """Fetch config.json, model.safetensors and tokenizer.json (or vocab.txt) from the hub into
-    dest, atomically: each file checked as it arrives (fetch), the folder renamed in only once all
-    of them are."""
+    dest, atomically: each file checked on arrival (fetch), the folder renamed in once all are."""
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise LoadError(f"model '{name}' is not a local path, and {dest.parent} cannot be created to download it into "
-                        f"({e.strerror or e}): set SG_WEIGHTS to a folder you can write, or pass a model folder") from None
+        raise LoadError(f"model '{name}' is not a local path, and {dest.parent} cannot be created "
+                        f"to download it into ({e.strerror or e}): set SG_WEIGHTS to a folder you "
+                        f"can write, or pass a model folder") from None
     clean_leftovers(dest)
     tmp = temp_path(dest)
     try:
@@ -145,36 +146,37 @@ def download(name, dest):
         try:
             tmp.rename(dest)
         except OSError:
-            if not dest.is_dir():  # else another process downloaded the same model first: use theirs
+            if not dest.is_dir():  # else another process downloaded the model first: use theirs
                 raise
     except (OSError, urllib.error.URLError) as e:
-        raise LoadError(f"model '{name}' is not a local path and is not in {dest}, and downloading it from "
-                        f"{HF_ENDPOINT} failed ({e}). Offline: put config.json, model.safetensors and tokenizer.json "
-                        f"(or vocab.txt) of '{name}' in {dest}/") from None
+        raise LoadError(f"model '{name}' is not a local path and is not in {dest}, and downloading "
+                        f"it from {HF_ENDPOINT} failed ({e}). Offline: put config.json, "
+                        f"model.safetensors and tokenizer.json (or vocab.txt) of '{name}' in "
+                        f"{dest}/") from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
 class BadDownload(OSError):
-    """A file that arrived but is not what was asked for (cut short, an HTML page, a broken
-    header)."""
+    """A file that arrived but is not what was asked (cut short, an HTML page, a broken header)."""
 
 
 def fetch(url, path, tries=2):
-    """Stream url to path with a one-line progress display on stderr, and check what arrived
-    (check_download). A failed try (a dropped connection, a bad file, a server error) is retried
-    once; an HTTP 4xx is not (a 404 is how the hub says a file is absent). Raises OSError (urllib's
-    errors, BadDownload) when no try gave the file."""
+    """Stream url to path, with a progress line on stderr, and check what arrived (check_download).
+    A failed try (a dropped connection, a bad file, a 5xx) is retried once; an HTTP 4xx is not (a
+    404: the hub's "file absent"). Raises OSError (urllib's, BadDownload) if every try failed."""
     for attempt in range(1, tries + 1):
         try:
             with urllib.request.urlopen(url, timeout=30) as r, open(path, "wb") as f:
                 total, done = int(r.headers.get("Content-Length") or 0), 0
                 html = "text/html" in (r.headers.get("Content-Type") or "")
                 while chunk := r.read(1 << 20):
-                    html = html or (done == 0 and chunk.lstrip()[:15].lower().startswith((b"<!doctype html", b"<html")))
+                    html = html or (done == 0 and chunk.lstrip()[:15].lower().startswith(
+                        (b"<!doctype html", b"<html")))
                     f.write(chunk)
                     done += len(chunk)
-                    size = f"{done / 1e6:.1f}/{total / 1e6:.1f} MB" if total else f"{done / 1e6:.1f} MB"
+                    size = (f"{done / 1e6:.1f}/{total / 1e6:.1f} MB" if total
+                            else f"{done / 1e6:.1f} MB")
                     print(f"\rdownloading {url}: {size}", end="", file=sys.stderr, flush=True)
             print(file=sys.stderr)
             if html:
@@ -185,23 +187,23 @@ def fetch(url, path, tries=2):
         except urllib.error.HTTPError as e:
             if e.code < 500 or attempt == tries:
                 raise
-        except (OSError, http.client.HTTPException) as e:  # URLError, a timeout, a cut connection, BadDownload
+        except (OSError, http.client.HTTPException) as e:  # URLError, timeouts, drops, BadDownload
             if attempt == tries:
-                raise e if isinstance(e, OSError) else BadDownload(f"{url}: {type(e).__name__} {e}") from None
+                raise e if isinstance(e, OSError) else BadDownload(
+                    f"{url}: {type(e).__name__} {e}") from None
             print(f"{url}: {e}; retrying once", file=sys.stderr)
 
 
 def check_download(url, path):
     """A fetched file is what its name says: a .json parses, a .safetensors has a header whose
-    tensors fill the file exactly (safetensors' layout: 8-byte little-endian header size, the JSON
-    header, the data). BadDownload if not."""
+    tensors fill the file exactly (8-byte header size, JSON header, data). BadDownload if not."""
     try:
         if path.suffix == ".json":
             json.loads(path.read_bytes())
         elif path.suffix == ".safetensors":
             with open(path, "rb") as f:
                 safetensors_header(f)
-    except (ValueError, TypeError, KeyError, IndexError, AttributeError) as e:  # JSONDecodeError is a ValueError
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError) as e:  # + JSONDecodeError
         raise BadDownload(f"{url}: not a valid {path.suffix[1:]} file ({e})") from None
 
 # -----------------------------------------------------------------------------
@@ -215,11 +217,11 @@ class Checkpoint:
     path: Path  # what was read: our .safetensors checkpoint, or a model folder
     weights: Path  # the weights file: the checkpoint itself, or the folder's model.safetensors
     tensors: dict  # {key: tensor} as stored; {} when read without tensors
-    meta: dict  # our checkpoint's metadata (META), JSON values decoded and checked; {} for a model folder
-    config: dict | None  # the raw BertConfig: metadata 'config', or the folder's config.json; None when absent
+    meta: dict  # our checkpoint's metadata (META), JSON values decoded and checked; {} for a folder
+    config: dict | None  # the raw BertConfig: metadata 'config' or a folder's config.json; or None
     config_source: str  # where config comes from, for error messages
-    tokenizer: str | Path | None  # metadata 'tokenizer' (its JSON), or the folder's tokenizer.json / vocab.txt
-    sha256: str | None  # of the weights file's bytes, what records name a model by; None without tensors
+    tokenizer: str | Path | None  # metadata 'tokenizer' (JSON), or tokenizer.json / vocab.txt
+    sha256: str | None  # of the weights file, what records name a model by; None without tensors
 
 
 def load(name_or_path, tensors=True):
@@ -232,14 +234,15 @@ def load(name_or_path, tensors=True):
         path = check_checkpoint_path(src)
         t, meta, sha = read_safetensors(path, tensors)
         check_transform(path, meta, t, meta.get("config"))
-        return Checkpoint(path, path, t, meta, meta.get("config"), f"{path} (metadata 'config')", meta.get("tokenizer"),
-                          sha)
+        return Checkpoint(path, path, t, meta, meta.get("config"), f"{path} (metadata 'config')",
+                          meta.get("tokenizer"), sha)
     weights, config = src / "model.safetensors", src / "config.json"
     for f in (config, weights) if tensors else ():
         if not f.is_file():
             hint = " (pytorch_model.bin is not read: save it as model.safetensors)" \
                 if (src / "pytorch_model.bin").exists() else ""
-            raise LoadError(f"{f} not found{hint}; a model folder needs config.json and model.safetensors")
+            raise LoadError(f"{f} not found{hint}; a model folder needs config.json and "
+                            "model.safetensors")
     try:
         cfg = json.loads(config.read_text(encoding="utf-8")) if config.is_file() else None
     except (OSError, ValueError) as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
@@ -250,11 +253,10 @@ def load(name_or_path, tensors=True):
 
 
 def recorded_sha256(folder):
-    """The sha256 of model.safetensors that a model folder's own record (pretrain.json: pretrain.py
-    writes it, and models/<name>/ ships it) names, or None for a folder of weights/ without one. A
-    shipped folder must name one, and any record must be readable: a record that is missing there,
-    is not JSON (a git conflict), or names no sha256 or not one (a number) is a LoadError naming it,
-    never a load left unchecked."""
+    """The sha256 of model.safetensors that a model folder's record (pretrain.json: pretrain.py
+    writes it, models/<name>/ ships it) names, or None for a weights/ folder without one. A shipped
+    folder must name one, and any record must be readable: one missing there, not JSON, or naming no
+    sha256 or not one (a number) is a LoadError naming it, never an unchecked load."""
     path, shipped = folder / "pretrain.json", is_shipped(folder)
     try:
         rec = json.loads(path.read_text(encoding="utf-8"))
@@ -270,9 +272,11 @@ def recorded_sha256(folder):
         if isinstance(sha, str) and SHA256.fullmatch(sha):
             return sha
         if sha is None and not shipped:
-            return None  # a record without a sha256, as a hand-made folder's: nothing to check against
-        why = "names no sha256 of model.safetensors" if sha is None else f"names {repr(sha)[:70]}, not a sha256"
-    raise LoadError(f"{path} {why}: the weights cannot be checked against their record; {record_fix(folder)}")
+            return None  # a record without a sha256 (a hand-made folder's): nothing to check
+        why = ("names no sha256 of model.safetensors" if sha is None
+               else f"names {repr(sha)[:70]}, not a sha256")
+    raise LoadError(f"{path} {why}: the weights cannot be checked against their record; "
+                    f"{record_fix(folder)}")
 
 
 SHA256 = re.compile(r"[0-9a-f]{64}")
@@ -287,16 +291,16 @@ def is_shipped(folder):
 def record_fix(folder):
     """What to do about a model folder that is not its record's model."""
     if is_shipped(folder):
-        return f"restore it from git (git checkout -- models/{Path(folder).name}, or clone the repository again)"
+        return (f"restore it from git (git checkout -- models/{Path(folder).name}, or clone the "
+                "repository again)")
     return "copy the model folder again, or pretrain it again (pretrain.py)"
 
 
 def read_recorded(folder, weights):
     """read_safetensors of a folder's weights, checked against the sha256 its pretrain.json records:
-    a copy that is not the recorded model (a damaged or truncated file, a Git LFS pointer in place
-    of the weights) is one LoadError naming the file and what to do, never a model that silently
-    differs from the one its records describe. A shipped folder's record must name the sha256
-    (recorded_sha256)."""
+    a copy that is not the recorded model (a damaged or truncated file, a Git LFS pointer) is one
+    LoadError naming the file and what to do, never a model silently differing from its records. A
+    shipped folder's record must name the sha256 (recorded_sha256)."""
     want = recorded_sha256(folder)
     if want is None:
         return read_safetensors(weights)
@@ -304,41 +308,43 @@ def read_recorded(folder, weights):
     with open(weights, "rb") as f:
         pointer = f.read(len(LFS_POINTER)) == LFS_POINTER
     if pointer:
-        raise LoadError(f"{weights} is a Git LFS pointer, not the weights (sha256 {want[:12]}... recorded in "
-                        f"pretrain.json): run git lfs pull, or {fix}")
+        raise LoadError(f"{weights} is a Git LFS pointer, not the weights (sha256 {want[:12]}... "
+                        f"recorded in pretrain.json): run git lfs pull, or {fix}")
     try:
         out = read_safetensors(weights)
     except LoadError as e:
-        raise LoadError(f"{e.args[0].split('; re-download')[0]}; it is not the model its pretrain.json records (sha256 "
-                        f"{want[:12]}...): {fix}") from None
+        raise LoadError(f"{e.args[0].split('; re-download')[0]}; it is not the model its "
+                        f"pretrain.json records (sha256 {want[:12]}...): {fix}") from None
     if out[2] != want:
-        raise LoadError(f"{weights}: sha256 {out[2][:12]}..., not the {want[:12]}... its pretrain.json records: the "
-                        f"file is damaged or another model's; {fix}")
+        raise LoadError(f"{weights}: sha256 {out[2][:12]}..., not the {want[:12]}... its "
+                        f"pretrain.json records: the file is damaged or another model's; {fix}")
     return out
 
 
 def check_transform(path, meta, tensors, config):
-    """A fitted transform's tensors (META 'transform') against the model's width H, config
-    'hidden_size': a LoadError naming the file and the key, never a shape error at the first
-    encoding (or a Dense layer of the wrong width in an export). What is missing is
-    posthoc.transform_of's to name; without tensors (a header read) nothing is checked."""
+    """A fitted transform's tensors (META 'transform') against the model's width H, its hidden_size:
+    a LoadError naming file and key, not a shape error at the first encoding or a wrong-width Dense
+    in an export. posthoc.transform_of names missing ones; a header-only read checks nothing."""
     info, H = meta.get("transform"), config.get("hidden_size") if isinstance(config, dict) else None
     if not tensors or not info or not isinstance(H, int):
         return
     if info.get("kind") == "whitening":
         for k, want in (("mu", [H]), ("W", [H, info.get("dim")])):
-            got = list(tensors[TRANSFORM_PREFIX + k].shape) if TRANSFORM_PREFIX + k in tensors else None
-            if got is not None and (len(got) != len(want) or any(w not in (None, g) for g, w in zip(got, want))):
+            got = (list(tensors[TRANSFORM_PREFIX + k].shape) if TRANSFORM_PREFIX + k in tensors
+                   else None)
+            if got is not None and (len(got) != len(want)
+                                    or any(w not in (None, g) for g, w in zip(got, want))):
                 want = ", ".join(str(w or "K") for w in want)
-                raise LoadError(f"{path}: its whitening (metadata 'transform') cannot be rebuilt: tensor "
-                                f"'{TRANSFORM_PREFIX}{k}' has shape {got}, not [{want}] (H {H}: metadata 'config' "
-                                f"hidden_size; K: metadata 'transform' dim); fit it again with train.py --loss "
-                                f"whitening")
-    flow = info.get("config") if info.get("kind") == "flow" and isinstance(info.get("config"), dict) else {}
+                raise LoadError(f"{path}: its whitening (metadata 'transform') cannot be rebuilt: "
+                                f"tensor '{TRANSFORM_PREFIX}{k}' has shape {got}, not [{want}] "
+                                f"(H {H}: metadata 'config' hidden_size; K: metadata 'transform' "
+                                f"dim); fit it again with train.py --loss whitening")
+    flow = (info.get("config")
+            if info.get("kind") == "flow" and isinstance(info.get("config"), dict) else {})
     if flow.get("dim", H) != H:
-        raise LoadError(f"{path}: its flow (metadata 'transform') cannot be rebuilt: it maps {flow['dim']} dimensions, "
-                        f"the model's vectors have {H} (metadata 'config' hidden_size); fit it again with train.py "
-                        f"--loss flow")
+        raise LoadError(f"{path}: its flow (metadata 'transform') cannot be rebuilt: it maps "
+                        f"{flow['dim']} dimensions, the model's vectors have {H} (metadata "
+                        f"'config' hidden_size); fit it again with train.py --loss flow")
 
 
 def read_metadata(path):
@@ -348,10 +354,9 @@ def read_metadata(path):
 
 
 def read_safetensors(path, tensors=True):
-    """The safetensors format (write_safetensors) read back in one pass over the file: ({key:
-    tensor}, metadata, sha256 of the file's bytes); tensors=False reads the header alone: ({},
-    metadata, None). Each tensor is read straight into its own storage, in file order, the hash
-    following along: one open, one read, no copy."""
+    """The safetensors format (write_safetensors) read back in one pass: ({key: tensor}, metadata,
+    sha256 of the file); tensors=False reads the header alone: ({}, metadata, None). Each tensor is
+    read into its own storage, in file order, hashed as read: one open, one read, no copy."""
     import hashlib
     try:
         with open(path, "rb") as f:
@@ -366,8 +371,10 @@ def read_safetensors(path, tensors=True):
                     raise ValueError(f"{k}: the file ends inside it")
                 h.update(buf)
                 out[k] = t
-    except (OSError, ValueError, TypeError, KeyError, IndexError, AttributeError, RuntimeError) as e:
-        raise LoadError(f"{path}: not a valid safetensors file ({e}); re-download or re-create it") from None
+    except (OSError, ValueError, TypeError, KeyError, IndexError, AttributeError,
+            RuntimeError) as e:
+        raise LoadError(f"{path}: not a valid safetensors file ({e}); "
+                        "re-download or re-create it") from None
     return out, decode_metadata(path, meta), h.hexdigest() if tensors else None
 
 
@@ -387,7 +394,8 @@ def safetensors_header(f):
             raise ValueError(f"{k}: dtype {v['dtype']} is none of {', '.join(ST_DTYPES)}")
         nbytes = math.prod(v["shape"]) * ST_DTYPES[v["dtype"]][1]
         if v["data_offsets"] != [end, end + nbytes]:
-            raise ValueError(f"{k}: bytes {v['data_offsets']}, not the {nbytes} that follow byte {end}")
+            raise ValueError(f"{k}: bytes {v['data_offsets']}, not the {nbytes} that follow "
+                             f"byte {end}")
         layout.append((k, v["dtype"], v["shape"]))
         end += nbytes
     if 8 + n + end != size:
@@ -396,10 +404,10 @@ def safetensors_header(f):
 
 
 def decode_metadata(path, meta):
-    """A header's metadata {str: str} with the JSON values (JSON_META) decoded, each checked to be
-    an object."""
+    """A header's metadata {str: str}, the JSON_META values decoded and checked to be objects."""
     if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
-        raise LoadError(f"{path}: not a valid safetensors file (its metadata is not a map of strings); re-create it")
+        raise LoadError(f"{path}: not a valid safetensors file (its metadata is not a map of "
+                        "strings); re-create it")
     out = {}
     for k, v in meta.items():
         try:
@@ -407,18 +415,19 @@ def decode_metadata(path, meta):
         except json.JSONDecodeError:
             raise LoadError(f"{path}: metadata '{k}' is not valid JSON") from None
         if k in JSON_META and not isinstance(out[k], dict):
-            raise LoadError(f"{path}: metadata '{k}' is a JSON {type(out[k]).__name__}; it must be an object")
+            raise LoadError(f"{path}: metadata '{k}' is a JSON {type(out[k]).__name__}; "
+                            "it must be an object")
     return out
 
 
 def save_checkpoint(path, tensors, meta):
-    """Write tensors {name: tensor} and meta (the keys of META; dicts are stored as JSON) to a
+    """Write tensors {name: tensor} and meta (the keys of META; dicts stored as JSON) to a
     .safetensors file, atomically: a temp file beside it, then a rename, so a crash never leaves a
-    half-written checkpoint. The same tensors and meta give the same bytes. It takes no lock:
-    whoever writes path over a whole run holds output_lock(path) for it. A symlink is followed: its
-    target is replaced, the link stays."""
+    half-written checkpoint. The same tensors and meta give the same bytes. No lock is taken:
+    whoever writes path over a run holds output_lock(path). A symlink's target is replaced."""
     unknown = sorted(set(meta) - set(META))
-    assert not unknown, f"metadata keys {unknown} are not in checkpoint.META: add them to the schema first"
+    assert not unknown, (f"metadata keys {unknown} are not in checkpoint.META: add them to the "
+                         "schema first")
     meta = {"format": "pt", **meta}
     meta = {k: v if isinstance(v, str) else json.dumps(v, sort_keys=True) for k, v in meta.items()}
     tensors = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
@@ -428,33 +437,35 @@ def write_safetensors(f, tensors, meta):
     """The safetensors format written out: 8-byte header size, JSON header, raw tensor bytes.
     safetensors' own writer orders the metadata by a hash map whose seed changes per run; here every
     order is fixed, so the same tensors and metadata always give the same bytes."""
-    import torch  # here, not at the top: the sweep and report commands import this file and need no torch
+    import torch  # here: the sweep and report commands import this file and need no torch
     st_name = {getattr(torch, v[0]): k for k, v in ST_DTYPES.items()}
-    names = sorted(tensors, key=lambda k: (-tensors[k].element_size(), k))  # widest dtype first keeps data aligned
+    # the widest dtype first keeps the data aligned
+    names = sorted(tensors, key=lambda k: (-tensors[k].element_size(), k))
     header, start = {"__metadata__": dict(sorted(meta.items()))}, 0
     for k in names:
         t = tensors[k]
         n = t.numel() * t.element_size()
-        header[k] = {"dtype": st_name[t.dtype], "shape": list(t.shape), "data_offsets": [start, start + n]}
+        header[k] = {"dtype": st_name[t.dtype], "shape": list(t.shape),
+                     "data_offsets": [start, start + n]}
         start += n
     h = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
-    h += b" " * (-len(h) % 8)  # pad with spaces so the data starts 8-byte aligned, as the format asks
+    h += b" " * (-len(h) % 8)  # pad with spaces: the data starts 8-byte aligned, as the format asks
     f.write(len(h).to_bytes(8, "little") + h)
     for k in names:  # little-endian, as the format asks: every platform torch ships for is
         f.write(tensors[k].reshape(-1).view(torch.uint8).numpy())
 
 
-ST_DTYPES = {"F64": ("float64", 8), "F32": ("float32", 4), "F16": ("float16", 2), "BF16": ("bfloat16", 2),  # name:
-             "I64": ("int64", 8), "I32": ("int32", 4), "I16": ("int16", 2), "I8": ("int8", 1), "U8": ("uint8", 1),
-             "BOOL": ("bool", 1)}  # torch's name and bytes per element, of each safetensors dtype sgbert reads
+# each safetensors dtype sgbert reads: (torch's name, bytes per element)
+ST_DTYPES = {"F64": ("float64", 8), "F32": ("float32", 4), "F16": ("float16", 2),
+             "BF16": ("bfloat16", 2), "I64": ("int64", 8), "I32": ("int32", 4), "I16": ("int16", 2),
+             "I8": ("int8", 1), "U8": ("uint8", 1), "BOOL": ("bool", 1)}
 
 
 def check_checkpoint_path(path, write=False):
-    """A checkpoint path (train.py --out, evaluate.py --ckpt) checked before any work: a
-    .safetensors file name, not a folder; to read, an existing file; to write, in an existing folder
-    we can write to. Returns it as a Path."""
+    """A checkpoint path (train.py --out, evaluate.py --ckpt) checked first: a .safetensors name,
+    not a folder; to read, an existing file; to write, in a writable folder. Returns a Path."""
     p = Path(path)
-    target = Path(os.path.realpath(p)) if str(path).strip() else p  # a symlink is written through (atomic_write)
+    target = Path(os.path.realpath(p)) if str(path).strip() else p  # a symlink is written through
     link = f"is a link to {target}, which is " if target != p.absolute() and p.is_symlink() else ""
     if not str(path).strip():
         problem = "is empty"
@@ -478,9 +489,8 @@ def check_checkpoint_path(path, write=False):
 
 def atomic_write(path, write):
     """Write path through write(f) (f a binary file), atomically: into a hidden temp file beside it,
-    flushed to disk, then renamed over path, so a reader (or a crash) sees the old file or the new
-    one, never half of one. What a killed earlier writer left beside path is cleaned first. A
-    symlink is followed: its target is replaced."""
+    flushed, then renamed over path, so a reader (or a crash) sees the old file or the new one,
+    never half. Killed writers' leftovers are cleaned first. A symlink's target is replaced."""
     path = Path(os.path.realpath(path))
     tmp = staged(path, write)
     try:
@@ -509,11 +519,10 @@ def staged(path, write):
 
 
 def write_pair(path, text, record_path, record):
-    """A text file and its JSON record, which names the text's sha256: two files that must change
-    together. Both are staged (written and flushed) first, then the old record is removed, the text
-    renamed in, the record last. An error before the renames leaves both as they were; a kill
-    between them leaves the old text or the new one with no record beside it, never the record of
-    another text (and a reader compares the record's sha256 with the text's)."""
+    """A text file and its JSON record, which names the text's sha256: two files that change
+    together. Both are staged first, then the old record is removed, the text renamed in, the record
+    last. An error before the renames changes neither; a kill between them leaves the old or new
+    text without a record, never another text's record (readers check its sha256)."""
     paths, tmps = [Path(os.path.realpath(p)) for p in (path, record_path)], []
     try:
         for p, data in zip(paths, (text.encode("utf-8"), json_text(record).encode("utf-8"))):
@@ -533,8 +542,7 @@ def write_text(path, text):
 
 
 def json_safe(x):
-    """NaN / inf (a constant similarity, e.g. [CLS] of the embedding layer) as null, so the file is
-    strict JSON."""
+    """NaN / inf (a constant similarity, e.g. [CLS] of the embedding layer) as null: strict JSON."""
     if isinstance(x, dict):
         return {k: json_safe(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
@@ -551,15 +559,15 @@ def write_json(path, obj):
 
 
 def check_output(path, suffix):
-    """An output file path checked before any work: a file name ending in suffix (any when None),
-    not a folder, in an existing folder we can write to. Returns it as a Path; else LoadError saying
-    what is wrong."""
+    """An output file path checked first: a name ending in suffix (any when None), not a folder, in
+    an existing writable folder. Returns a Path, else LoadError saying what is wrong."""
     p = Path(path)
     folder = p.resolve().parent
     if not str(path).strip() or not p.name:
         problem = "is empty"
     elif p.is_dir():
-        problem = f"is a folder; give a file name ending in {suffix}" if suffix else "is a folder; give a file name"
+        problem = (f"is a folder; give a file name ending in {suffix}" if suffix
+                   else "is a folder; give a file name")
     elif suffix and p.suffix.lower() != suffix:
         problem = f"is not a file name ending in {suffix}"
     elif not folder.is_dir():
@@ -572,9 +580,8 @@ def check_output(path, suffix):
 
 
 def same_path(a, b):
-    """a and b name one file or folder: the same path once resolved (a symlink, '..', another
-    spelling), or one inode (os.path.samefile: a hard link, a bind mount) when both exist. What
-    keeps an output from replacing an input."""
+    """a and b name one file or folder: one path once resolved (a symlink, '..', another spelling),
+    or one existing inode (samefile: a hard link, a bind mount). Guards inputs from outputs."""
     try:
         return os.path.realpath(a) == os.path.realpath(b) or os.path.samefile(a, b)
     except OSError:  # one of them does not exist
@@ -582,9 +589,8 @@ def same_path(a, b):
 
 
 def cannot_write(folder):
-    """Why no new file can be made in folder ('' when access() says so; ': <reason>' when a real try
-    fails), or None when it can. access() passes for root, and on file systems that refuse new files
-    anyway (/proc): try one."""
+    """Why no new file can be made in folder ('' if access() says so; ': <reason>' if a real try
+    fails), or None. access() passes for root and where new files fail anyway (/proc): try one."""
     if not os.access(folder, os.W_OK):
         return ""
     try:
@@ -602,37 +608,37 @@ def cannot_write(folder):
 
 @contextmanager
 def output_lock(path):
-    """Hold the lock of an output (a checkpoint file, an export folder) while writing it: one
-    process per output.
+    """Hold an output's lock (checkpoint, export folder) while writing it: one process per output.
 
     The lock is the file .NAME.lock beside path, holding the owner's pid, with an flock on it.
-    Anyone else asking for the same path (another process, or this one again: it is not re-entrant)
-    gets OutputLocked at once, a one-line message naming the owner's pid; nothing waits. The kernel
-    drops an flock when its process dies, however it dies (kill -9 too), so the lock of a dead
-    process is taken over, never in the way. The file goes on release. It keeps our own runs apart;
-    nothing stops another program from writing path."""
+    Anyone else asking for the same path (another process, or this one again: not re-entrant) gets
+    OutputLocked at once, naming the owner's pid; nothing waits. The kernel drops an flock when its
+    process dies, even by kill -9, so a dead process's lock is taken over. The file goes on release.
+    It keeps our own runs apart; nothing stops another program from writing path."""
     import fcntl
     path = Path(path)
     lock = path.with_name(f".{path.name}.lock")
     fd = None
-    try:  # (!!) from the file's creation on: a Ctrl-C anywhere in here leaves no lock file behind (drop_lock)
+    try:  # (!!) from the file's creation on: a Ctrl-C in here leaves no lock file (drop_lock)
         while True:
             try:
                 fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
             except OSError as e:
-                raise LoadError(f"{path}: cannot create the lock file {lock} ({e.strerror})") from None
+                raise LoadError(
+                    f"{path}: cannot create the lock file {lock} ({e.strerror})") from None
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 fd, busy = None, fd  # another process's lock: never ours to remove
                 owner = os.read(busy, 32).decode(errors="replace").strip() or "?"
                 os.close(busy)
-                raise OutputLocked(f"{path} is being written by another process (pid {owner}); wait for it to "
-                                   f"finish or choose another output (lock file: {lock})") from None
+                raise OutputLocked(
+                    f"{path} is being written by another process (pid {owner}); wait for it to "
+                    f"finish or choose another output (lock file: {lock})") from None
             if same_file(fd, lock):
                 break
             fd, stale = None, fd
-            os.close(stale)  # its owner removed the file between our open and flock: lock the new one instead
+            os.close(stale)  # its owner removed it between our open and flock: lock the new one
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
         yield path
@@ -649,9 +655,8 @@ def same_file(fd, path):
 
 
 def drop_lock(fd, lock):
-    """Release an output lock: remove its file if this fd holds its flock (or can take it now: a
-    Ctrl-C came before ours did) and it is still the file named lock, then close the fd. Another
-    process's lock is never removed."""
+    """Release an output lock: remove its file if this fd holds its flock (or can take it: a Ctrl-C
+    came before ours) and it is still the file named lock; close the fd. Others' locks stay."""
     import fcntl
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a no-op when we hold it
@@ -665,22 +670,21 @@ def drop_lock(fd, lock):
 
 def temp_path(path, kind="tmp"):
     """Where path is written before it is renamed in: beside it (a rename within one file system is
-    atomic), hidden, named with our pid, so that a later run can tell what a killed run left from
-    what a live one is writing."""
+    atomic), hidden, with our pid: a later run tells a killed run's leftovers from a live one's."""
     return path.with_name(f".{path.name}.{os.getpid()}.{kind}")
 
 
 def clean_leftovers(path):
-    """Remove what killed runs left beside path: .NAME.PID.tmp files or folders whose process is
-    gone. A folder .NAME.PID.old is the previous path that an export had set aside: put back if path
-    is missing, else removed."""
+    """Remove killed runs' leftovers beside path: .NAME.PID.tmp files or folders of dead processes;
+    a folder .NAME.PID.old (an export's old path) is put back if path is gone, else removed."""
     for p in sorted(path.parent.glob(f".{glob.escape(path.name)}.*")):
         pid, _, kind = p.name[len(path.name) + 2:].partition(".")
         if kind not in ("tmp", "old") or not pid.isdigit() or pid_alive(int(pid)):
             continue  # not ours, or its writer is still running
         if kind == "old" and not os.path.lexists(path):
             os.rename(p, path)
-            print(f"note: put {path} back from {p.name}, where an interrupted export had left it", file=sys.stderr)
+            print(f"note: put {path} back from {p.name}, where an interrupted export had left it",
+                  file=sys.stderr)
             continue
         try:
             shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
@@ -693,7 +697,7 @@ def pid_alive(pid):
         os.kill(pid, 0)  # signal 0 sends nothing: it only asks whether the process exists
     except ProcessLookupError:
         return False
-    except (PermissionError, OverflowError):  # it exists under another user (or is no pid of ours: keep its file)
+    except (PermissionError, OverflowError):  # another user's (or no pid of ours: keep its file)
         pass
     return True
 
