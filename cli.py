@@ -255,3 +255,24 @@ class Counter:
         if now - self.last >= 10 and done < total:
             self.last = now
             self.log(f"  encoding: {done}/{total} sentences, {now - self.t0:.0f} s")
+
+
+def layer_slice(spec):
+    """An argparse type of --layers: 'A:B' or 'A:B:C' -> a slice over the hidden states; a bare
+    number is refused (':5' and '5:6' say what they mean)."""
+    parts = spec.split(":")
+    try:
+        if not 2 <= len(parts) <= 3:
+            raise ValueError
+        s = slice(*[int(x) if x.strip() else None for x in parts])
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{spec}: expected a slice A:B such as 0:7, 1: or : "
+                                         "(one layer k: k:k+1)") from None
+    if s.step == 0:
+        raise argparse.ArgumentTypeError(f"{spec}: the slice step must not be 0")
+    return s
+
+
+def layers_flag(spec):
+    layer_slice(spec)  # checked here, kept as text (the checkpoint's metadata is JSON)
+    return spec

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import cli
-from cli import at_least, die, git_sha, positive
+from cli import at_least, die, git_sha, layer_slice, layers_flag, positive
 
 LOSSES = ("opt", "sg", "opt1", "opt2")  # SG-OPT and the paper's ablations; the lab has the others
 POOLINGS = ("cls", "mean", "max", "first-last", "last2")  # bert.POOLINGS (no torch before --help)
@@ -76,26 +76,6 @@ def add_sg_flags(a):
       "in the checkpoint (default: cls)")
     a("--no-proj", action="store_true", help="ablation: no head f (the loss sees BERT's vectors)")
     a("--proj-size", type=at_least(1), default=4096, help="width of f (default: %(default)s)")
-
-
-def layer_slice(spec):
-    """'A:B' or 'A:B:C' -> a slice over the hidden states; a bare number is refused."""
-    parts = spec.split(":")
-    try:
-        if not 2 <= len(parts) <= 3:
-            raise ValueError
-        s = slice(*[int(x) if x.strip() else None for x in parts])
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{spec}: expected a slice A:B such as 0:7, 1: or : "
-                                         "(one layer k: k:k+1)") from None
-    if s.step == 0:
-        raise argparse.ArgumentTypeError(f"{spec}: the slice step must not be 0")
-    return s
-
-
-def layers_flag(spec):
-    layer_slice(spec)  # checked here, kept as text (the checkpoint's metadata is JSON)
-    return spec
 
 
 def for_the_lab(argv):

@@ -24,7 +24,7 @@ from typing import Callable
 
 from lab import augment
 from lab import prompt
-from cli import at_least, die, positive
+from cli import at_least, die, layers_flag, positive
 
 POOLINGS = ("cls", "mean", "max", "first-last", "last2")  # bert.POOLINGS (tests/test_methods.py checks)
 
@@ -653,25 +653,6 @@ def resolve_config(args):
 
 # -----------------------------------------------------------------------------
 # argparse types of the method's flags (the numeric ones are cli.py's, shared by every script)
-
-
-def layer_slice(spec):
-    """'A:B' or 'A:B:C' -> slice over the hidden states; a bare number is refused (':5' and '5:6' say what they mean)."""
-    parts = spec.split(":")
-    try:
-        if not 2 <= len(parts) <= 3:
-            raise ValueError
-        s = slice(*[int(x) if x.strip() else None for x in parts])
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{spec}: expected a slice A:B such as 0:7, 1: or : (one layer k: k:k+1)") from None
-    if s.step == 0:
-        raise argparse.ArgumentTypeError(f"{spec}: the slice step must not be 0")
-    return s
-
-
-def layers_flag(spec):
-    layer_slice(spec)
-    return spec  # kept as written: it is saved in the checkpoint's config
 
 
 def checked(validate):
