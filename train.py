@@ -308,9 +308,8 @@ def evaluation(run, keeper, stats, step):
     """Rank 0: the dev score, the best checkpoint, the early-stop rule. Every process: stop now?"""
     stop = None
     if run.rank == 0:
-        print(f"eval step {step} | encoding STS-B dev "
-            f"...", end="\r" if sys.stdout.isatty() else "\n",
-              flush=True)
+        print(f"eval step {step} | encoding STS-B dev ...",
+              end="\r" if sys.stdout.isatty() else "\n", flush=True)
         dev = evaluate.stsb_spearman(run.vectors(raw(run.bert_T)), run.data_dir, "dev")
         keeper.offer(step, dev)
         stats["scores"].append(dev)
