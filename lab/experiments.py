@@ -56,6 +56,7 @@ EXAMPLES = """examples:
   python -m lab.experiments leaderboard --model $M --variants promptbert sg-opt-mean --out results
   python -m lab.experiments report table5 --out results
   python -m lab.experiments report figure4 --out results --plot figure4.png
+  python -m lab.experiments report effect --out results/raw/mini-5 --plot results/raw/mini-5/effect.png
   python -m lab.experiments report-curve results/raw results/raw/mini-2 --plot curve.png --json curve.json
 
 Any other flag goes to every train.py run whose method takes it (methods.py: --whiten-dim to the whitening only,
@@ -83,7 +84,9 @@ class Experiment:
     transfer: tuple = ()  # the transfer tasks whose data it reads (checked before any run)
     fresh: bool = False  # its runs are never copied from another experiment's (timings from one sweep)
     then_seeds: int = 0  # > 0: only the runs of the sweep's first N seeds take their variant's second step
-    significance: bool = False  # the report sets every row against SimCSE and SG-OPT (report.add_significance)
+    significance: bool = False  # the report sets every row against its references (report.add_significance)
+    references: tuple = ("simcse", "sg-opt")  # those rows (significance)
+    cosines: bool = False  # the first seed's runs keep their per-pair cosines (the STS pairs' bootstrap)
 
 
 WHITENING = Variant("whitening", ["--loss", "whitening"], seeded=False)
@@ -96,12 +99,15 @@ OWN = "BERT-base, its own paper"  # the leaderboard's paper column: each method'
 # none; sg-opt-sscl is ours); in the methods experiment (STS only) and the leaderboard (with transfer)
 LATER_PAPER = {"esimcse": "78.27", "diffcse": "78.49", "sscl": None, "sg-opt-sscl": None}
 LATER = [Variant(n, ["--loss", n], {"BERT-base": p} if p else {}) for n, p in LATER_PAPER.items()]
+UNTRAINED = [
+    Variant("cls", ["--pooling", "cls"], {"BERT-base": "31.40", "SBERT-base": "71.32"}, evaluate_only=True),
+    Variant("mean", ["--pooling", "mean"], {"BERT-base": "52.57", "SBERT-base": "74.85"}, evaluate_only=True),
+    Variant("first-last", ["--pooling", "first-last"], evaluate_only=True),
+    Variant("wk", ["--pooling", "wk"], {"BERT-base": "25.58", "SBERT-base": "75.59"}, evaluate_only=True),
+]
 EXPERIMENTS = {
     "table1": Experiment("Table 1: untrained poolings, the post-hoc baselines and SG / SG-OPT", [
-        Variant("cls", ["--pooling", "cls"], {"BERT-base": "31.40", "SBERT-base": "71.32"}, evaluate_only=True),
-        Variant("mean", ["--pooling", "mean"], {"BERT-base": "52.57", "SBERT-base": "74.85"}, evaluate_only=True),
-        Variant("first-last", ["--pooling", "first-last"], evaluate_only=True),
-        Variant("wk", ["--pooling", "wk"], {"BERT-base": "25.58", "SBERT-base": "75.59"}, evaluate_only=True),
+        *UNTRAINED,
         WHITENING,  # closed form: run once
         FLOW,
         Variant("sg", ["--loss", "sg"], {"SBERT-base": "78.41 +- 0.33"}),
@@ -244,7 +250,21 @@ EXPERIMENTS = {
        "without a masked-LM head takes --generator MODEL of its vocabulary (MiniLM: a raw model's). Transfer: the 7 SentEval tasks, the paper's "
        "classifier, on the first seed's run of each method. The paper figures are each method's own paper on "
        "BERT-base ('all' protocol unless marked; whitening and flow: their papers' 'target' fits in 'wmean').",
-       table="leaderboard", transfer=tuple(data.TRANSFER), then_seeds=1, significance=True),
+       table="leaderboard", transfer=tuple(data.TRANSFER), then_seeds=1, significance=True, cosines=True),
+    "effect": Experiment("The paper's block on a raw BERT: does SG-OPT lift [CLS] above mean pooling?", [
+        *UNTRAINED,
+        WHITENING,
+        FLOW,
+        Variant("sg", ["--loss", "sg"], {"BERT-base": "72.17"}),
+        SG_OPT,
+        Variant("simcse", ["--loss", "simcse"], {"BERT-base": "76.25 (SimCSE)"}),
+        Variant("sg-opt-mean", SG_OPT_MEAN),
+    ], "Table 1's rows, SimCSE and ours (sg-opt-mean) on one raw model, every row set against the untrained [CLS] "
+       "and mean pooling: the paper's claim is that SG-OPT lifts BERT's [CLS] (31.40) far above mean pooling "
+       "(52.57). The paper: SG-OPT and SG at 8 seeds (1 2 3 4 1234 2345 3456 7890), the others at 3: `--seeds 1 2 3`, "
+       "then `--variants sg sg-opt --seeds 4 1234 2345 3456 7890`. The first seed's runs keep their per-pair "
+       "cosines (the STS pairs' bootstrap).",
+       significance=True, references=("cls", "mean"), cosines=True),
 }
 
 
@@ -289,7 +309,8 @@ def get_args(argv=None):
                    "setting (default: all)")
     p.add_argument("--no-wait", action="store_true", help="leave the runs another live sweep holds (exit status 1) "
                    "instead of waiting for them before the report (default: wait)")
-    p.add_argument("--plot", help="with report figure4: draw the paper's Figure 4 bars to this .png; with "
+    p.add_argument("--plot", help="with report figure4: draw the paper's Figure 4 bars to this .png; with report "
+                   "effect: each row's bar beside the papers' BERT-base bar; with "
                    "report-curve: the curve, x = tokens seen (needs matplotlib)")
     p.add_argument("--json", help="with report-curve: write its table to this .json and a .md beside it (default: "
                    "beside --plot, e.g. curve.png -> curve.json, curve.md; without --plot, printed only)")
@@ -363,8 +384,8 @@ def check_report(args):
     if args.plot and args.name == "curve":
         die("--plot: the curve is drawn over several models: python -m lab.experiments report-curve OUT [OUT ...] --plot "
             "FILE.png")
-    if args.plot and not EXPERIMENTS[args.name].drops:
-        die(f"--plot draws the drops of figure4 (or domain, precision); {args.name} has none")
+    if args.plot and not EXPERIMENTS[args.name].drops and args.name != "effect":
+        die(f"--plot draws the effect's bars, or the drops of figure4 (or domain, precision); {args.name} has none")
     if args.plot:
         check_plot(args.plot)
 

@@ -238,17 +238,19 @@ def sts_table(exp, summary, paper=True):
         lines += table(["variant", "train (min)", "ms/step", "STS-B test inference (s)", "best step"], [
             [v, f"{r['wall_seconds'][0] / 60:.1f}", f"{r['ms_per_step'][0]:.0f}", f"{r['test_seconds'][0]:.1f}",
              "" if r["best_step"] is None else f"{r['best_step'][0]:.0f}"] for v, r in trained.items()])
-    return lines + significance_table(summary)
+    return lines + significance_table(summary, exp.references)
 
 
-def significance_table(summary):
-    """The STS table's rows against SimCSE and SG-OPT (the leaderboard's significance columns, as a table of their
-    own), explained under it; none when no row was set against a reference (add_significance)."""
-    refs = [r for r in REFERENCES if r in summary]
+def significance_table(summary, references=None):
+    """The STS table's rows against its references (SimCSE and SG-OPT by default: the leaderboard's significance
+    columns, as a table of their own), explained under it; none when no row was set against a reference."""
+    refs = [r for r in references or REFERENCES if r in summary]
     rows = [[v, *significance_cells(v, r, refs)] for v, r in summary.items() if "vs" in r]
     if not refs or not rows:
         return []
-    return ["", *table(["variant", *significance_head(refs)], rows), "", significance_note(refs)]
+    once = [LABELS.get(r, r) for r in refs if summary[r]["seeds"] == [None]]
+    note = f" {' and '.join(once)} {ONCE_NOTE}" if once else ""
+    return ["", *table(["variant", *significance_head(refs)], rows), "", significance_note(refs) + note]
 
 
 def transfer_table(exp, summary):
@@ -309,7 +311,7 @@ def leaderboard_table(exp, summary):
     """Every method on one harness: the STS table, the transfer average (its n: the runs that have it) and the cost
     of each method (train time, time per step, STS-B test inference), each method's own paper figure beside; then
     each method's difference from SimCSE and SG-OPT with its intervals (significance), explained under the table."""
-    refs = [r for r in REFERENCES if r in summary]
+    refs = [r for r in exp.references if r in summary]
     head = ["method", "n", *[SHORT.get(t, t) for t in TASKS], "avg", "transfer avg (n)", "train (min)", "ms/step",
             "STS-B test inference (s)", "own paper (BERT-base)", *significance_head(refs)]
     rows = []
@@ -353,6 +355,8 @@ def significance_cell(x, kind):
     return f"{d:+.2f} [{lo:+.2f}, {hi:+.2f}]" + (" better" if lo > 0 else " worse" if hi < 0 else "")
 
 
+ONCE_NOTE = ("ran once, and no seed moves it: it is a constant, so a seeded row's 'seeds' interval against it is "
+             "that row's one-sample t interval, and a row that also ran once has its difference alone.")
 SIGNIFICANCE_NOTE = (
     "vs {refs}: the method's 7-task average (`all`) minus the reference's, with a 95% interval; 'better' or 'worse' "
     "only when the interval excludes 0. seeds: Welch's t interval on the per-seed averages (unequal variances; n/a "
@@ -374,35 +378,42 @@ BOOTSTRAP, BOOTSTRAP_SEED = 1000, 0  # resamples of the test pairs, and numpy's 
 MATCH = 0.05  # how far (Spearman x100) a cosines file's own score of a task may be from its record's
 
 
-def add_significance(summary, recs, folder):
+def add_significance(summary, recs, folder, references=REFERENCES):
     """Each row's difference from each reference row (REFERENCES) with its intervals, as summary[v]["vs"][ref] =
     {seeds: [diff, low, high] or None, seeds_why, pairs: [diff, low, high] or None, pairs_why}: Welch over the seeds'
     7-task averages, and the paired bootstrap over the test pairs of one run of each (pair_cosines)."""
     avgs = {v: [r["sts"]["avg"]["all"] for r in rs] for v, rs in recs.items()}
+    exact = {v: len(rs) == 1 and rs[0].get("seed") is None for v, rs in recs.items()}  # run once: no seed moves it
     cosines = {v: pair_cosines(folder / v, rs) for v, rs in recs.items()}  # (cosines or None, why not)
     rhos = {**{v: (None, why) for v, (c, why) in cosines.items() if c is None},
             **bootstrap_rhos({v: c for v, (c, _) in cosines.items() if c is not None})}
     for v in summary:
         summary[v]["vs"] = {}
-        for ref in (r for r in REFERENCES if r in summary and r != v):
-            seeds = welch_interval(avgs[v], avgs[ref])
+        for ref in (r for r in references if r in summary and r != v):
+            # a reference run once (the base model's [CLS], mean pooling) is a constant: no seed moves it
+            seeds = welch_interval(avgs[v], avgs[ref], exact[v] and exact[ref], exact[ref])
             why = next((w if u == v else f"{LABELS.get(u, u)}: {w}" for u in (v, ref) if (w := rhos[u][1])), None)
             summary[v]["vs"][ref] = {"seeds": seeds, **({} if seeds else {"seeds_why": "n < 2"}),
                                      "pairs": None if why else paired_difference(rhos[v][0], rhos[ref][0]),
                                      **({"pairs_why": why} if why else {})}
 
 
-def welch_interval(a, b, level=0.95):
+def welch_interval(a, b, exact_a=False, exact_b=False, level=0.95):
     """mean(a) - mean(b) and its Welch t interval (unequal variances, Welch-Satterthwaite degrees of freedom):
-    [diff, low, high]; None when a side has fewer than 2 values. Both sides without spread: the difference alone."""
+    [diff, low, high]; None when a side has fewer than 2 values. Both sides without spread: the difference alone.
+    exact_a, exact_b: that side is one run that no seed moves (an evaluation of the base model, a closed-form fit):
+    a constant, so the interval is the other side's one-sample t interval."""
     from scipy import stats  # here: the other tables need no scipy
     a, b = np.asarray(a, float), np.asarray(b, float)
-    if len(a) < 2 or len(b) < 2:
+    if len(a) < 2 and not (exact_a and len(a) == 1) or len(b) < 2 and not (exact_b and len(b) == 1):
         return None
-    d, va, vb = a.mean() - b.mean(), a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)
+
+    def var(x, exact):  # the variance of the mean: 0 for a constant
+        return 0.0 if exact and len(x) == 1 else x.var(ddof=1) / len(x)
+    d, va, vb = a.mean() - b.mean(), var(a, exact_a), var(b, exact_b)
     if va + vb == 0:
         return [float(d)] * 3
-    df = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
+    df = (va + vb) ** 2 / sum(v ** 2 / (len(x) - 1) for v, x in ((va, a), (vb, b)) if v)
     h = stats.t.ppf(0.5 + level / 2, df) * math.sqrt(va + vb)
     return [float(d), float(d - h), float(d + h)]
 
@@ -518,7 +529,7 @@ def report(name, exp, out, plot=None, left_out=None, expect=None):
     if not summary:
         return None
     if exp.significance:
-        add_significance(summary, recs, out / name)
+        add_significance(summary, recs, out / name, exp.references)
     lines = [f"## {name}: {exp.title}", "", *models_line(recs, out / name), *TABLES[exp.table](exp, summary)]
     lines += [""] + [f"Missing: {p.parent.name}/{p.name} ({why})" for p, why in bad] if bad else []
     none = [v.name for v in exp.variants if v.name not in summary]
@@ -533,7 +544,7 @@ def report(name, exp, out, plot=None, left_out=None, expect=None):
         print(f"note: the report files in {out / name} were not written ({e.strerror or e}); the tables above are "
               "complete", file=sys.stderr)
     if plot:
-        plot_drops(exp, summary, plot)
+        (plot_effect if name == "effect" else plot_drops)(exp, summary, plot)
     return summary
 
 
@@ -575,6 +586,38 @@ def plot_drops(exp, summary, path):
                labels=["trained on STS-B's sentences", "trained on the transfer tasks' text"], loc="lower center",
                ncol=2, fontsize=8)
     fig.tight_layout(rect=(0, 0.08, 1, 1))
+    atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=120))  # a kill leaves the old figure or the new
+    print(f"figure written to {path}")
+
+
+EFFECT_ROWS = ("cls", "mean", "whitening", "sg", "sg-opt", "simcse")  # the effect figure's bars, in order
+PAPER_BARS = {"cls": 31.40, "mean": 52.57, "sg": 72.17, "sg-opt": 74.62, "simcse": 76.25}  # BERT-base, the papers'
+
+
+def plot_effect(exp, summary, path):
+    """The effect experiment as bars: each row's 7-task average (`all`) on the raw model, its seed spread (std) as
+    an error bar and n under it, beside the papers' BERT-base figure of the same row (SG-OPT, SG and the untrained
+    rows: the SG-OPT paper's; SimCSE: its own paper's; whitening: none in the 'all' protocol)."""
+    import matplotlib
+    matplotlib.use("Agg")  # no display needed
+    import matplotlib.pyplot as plt
+    rows = [v for v in EFFECT_ROWS if "avg" in summary.get(v, {}).get("sts", {})]
+    fig, ax = plt.subplots(figsize=(8, 4))
+    for i, v in enumerate(rows):
+        (m, sd), n = summary[v]["sts"]["avg"], len(summary[v]["seeds"])
+        ax.bar(i - 0.2, m, 0.4, yerr=sd if n > 1 else None, capsize=3, color="tab:blue")
+        ax.text(i - 0.2, m + (sd if n > 1 else 0) + 0.8, f"{m:.1f}", ha="center", fontsize=8)
+        if v in PAPER_BARS:
+            ax.bar(i + 0.2, PAPER_BARS[v], 0.4, color="lightgray", edgecolor="gray")
+            ax.text(i + 0.2, PAPER_BARS[v] + 0.8, f"{PAPER_BARS[v]:.1f}", ha="center", fontsize=8, color="dimgray")
+    ax.set_xticks(range(len(rows)), [f"{LABELS.get(v, v) if v != 'sg' else 'SG'}\nn={len(summary[v]['seeds'])}"
+                                     for v in rows])
+    ax.set_ylabel("7 STS tasks, Spearman x100 (all)")
+    ax.set_ylim(0, 85)
+    ax.legend(handles=[plt.Rectangle((0, 0), 1, 1, color=c) for c in ("tab:blue", "lightgray")],
+              labels=["ours, on this raw BERT-Mini (mean +- std over seeds)", "the papers, on BERT-base"],
+              fontsize=8, loc="upper left")
+    fig.tight_layout()
     atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=120))  # a kill leaves the old figure or the new
     print(f"figure written to {path}")
 

@@ -163,7 +163,7 @@ def plan(name, exp, seeds, out, only=None):
             once = v.evaluate_only or not v.seeded
             if not (once and i > 0):
                 then = not exp.then_seeds or i < exp.then_seeds
-                cosines = exp.table == "leaderboard" and i == 0  # the first seed's: report.py's paired bootstrap
+                cosines = exp.cosines and i == 0  # the first seed's: report.py's paired bootstrap
                 runs.append(Run(name, v, None if once else seed, Path(out) / name / v.name, then, cosines))
     return runs
 
@@ -187,7 +187,10 @@ def commands(run, args, extra, text):
             *sweep_flags(extra, rename=EVAL_FLAGS), *data_dir, "--json", str(run.path(".json", ".then"))]
     cosines = ["--cosines-out", str(run.path(".npz", ".cosines"))] if run.cosines else []  # an output: not in the key
     cmd, then = (cmd + cosines, then) if v.evaluate_only else (cmd, then + cosines)  # from evaluate.py's run
-    return key, cmd, then if second else None
+    if cosines and not v.evaluate_only and not second:  # a trained run's cosines: its checkpoint scored again
+        then = [*cosines_command(run, args, extra, run.path(".safetensors"))[:-4], "--json",
+                str(run.path(".json", ".then")), *cosines]
+    return key, cmd, then if second or cosines and not v.evaluate_only else None
 
 
 def keep_cosines(run):

@@ -1350,3 +1350,25 @@ def test_report_curve_checks_both_outputs_before_writing_either(tmp_path, monkey
     err = capsys.readouterr().err
     assert e.value.code == 1 and "No space left on device" in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "c.json").exists() and not (tmp_path / "c.md").exists()
+
+
+def test_the_effect_experiment_sets_every_row_against_cls_and_mean_with_cosines_of_its_first_seed(fake, capsys):
+    """effect: the first seed's trained runs get their per-pair cosines from a second evaluate.py step on their
+    checkpoint (not in the key, which has no second step), later seeds none; the report's significance columns are
+    against [CLS] and mean pooling, which ran once: a seeded row gets its one-sample interval against them."""
+    experiments.main(["effect", *fake.argv, "--variants", "cls", "mean", "sg-opt"])  # seeds 1 2
+    out, key = fake.out / "effect", sweep.RunKey.parse
+    rec1 = json.loads((out / "sg-opt/seed-1.json").read_text())
+    rec2 = json.loads((out / "sg-opt/seed-2.json").read_text())
+    assert rec1["cosines"]["file"] == "seed-1.cosines.npz" and "--cosines-out" in rec1["then"]
+    assert key(rec1["key"]).then == () and "cosines" not in rec2 and "then" not in rec2
+    assert "--cosines-out" in json.loads((out / "cls/eval.json").read_text())["command"]
+    text = capsys.readouterr().out
+    assert "vs [CLS]: seeds" in text and "vs mean: seeds" in text and "vs SG-OPT" not in text
+    assert "[CLS] and mean ran once, and no seed moves it" in text
+    summary = json.loads((out / "results.json").read_text())["variants"]
+    seeds = summary["sg-opt"]["vs"]["mean"]["seeds"]
+    avgs = [json.loads((out / f"sg-opt/seed-{s}.json").read_text())["sts"]["avg"]["all"] for s in (1, 2)]
+    mean = json.loads((out / "mean/eval.json").read_text())["sts"]["avg"]["all"]
+    assert seeds == pytest.approx(report.welch_interval(avgs, [mean], False, True))
+    assert summary["cls"]["vs"]["mean"]["seeds"][0] == summary["cls"]["vs"]["mean"]["seeds"][2]  # exact - exact

@@ -297,3 +297,15 @@ def test_bad_cosines_out_is_one_line(argv, message, tiny_model, tmp_path, capsys
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+def test_welch_against_a_reference_that_ran_once_is_the_one_sample_t_interval():
+    """A reference no seed moves (an evaluation of the base model) is a constant: the interval is the seeded side's
+    one-sample t interval (scipy's), and two constants differ exactly."""
+    from scipy import stats
+    a = [48.1, 48.6, 47.9, 48.4]
+    ci = stats.ttest_1samp(np.array(a) - 46.0, 0.0).confidence_interval(0.95)
+    assert report.welch_interval(a, [46.0], False, True) == pytest.approx([np.mean(a) - 46.0, ci.low, ci.high])
+    assert report.welch_interval([46.0], a, True, False)[0] == pytest.approx(46.0 - np.mean(a))
+    assert report.welch_interval([41.0], [37.0], True, True) == [4.0, 4.0, 4.0]
+    assert report.welch_interval(a, [46.0]) is None  # not known to be a constant: n < 2
