@@ -34,6 +34,7 @@ References: Kim, Yoo, Lee, ACL 2021: Table 1 (main STS table), Table 4 (SentEval
 Table 6 (efficiency), Figure 4 (domain robustness), appendix Table 9 (the 8 seeds).
 """
 import argparse
+import difflib
 import signal
 import sys
 from dataclasses import dataclass, field
@@ -61,7 +62,8 @@ EXAMPLES = """examples:
 
 Any other flag goes to every train.py run whose method takes it (methods.py: --whiten-dim to the whitening only,
 --proj-size to the rows with the head f; e.g. --max-steps 300, --device cpu); evaluate.py runs get --device and
---eval-batch-size (as its --batch-size). A flag that no run of the sweep takes is refused."""
+--eval-batch-size (as its --batch-size). A flag that no run of the sweep takes is refused, and so is any other
+flag of list or report (report reads --out and --plot)."""
 
 
 @dataclass
@@ -407,8 +409,9 @@ def check_curve(args, extra):
         die("report-curve needs the results folders to set side by side: OUT [OUT ...], each a model's --out with "
             "its pretrain/pretrain.json")
     if extra or args.variants:
-        die(f"{extra[0] if extra else '--variants'}: report-curve takes its folders (first), --seeds, --plot and "
-            "--json only")
+        flag = extra[0].partition("=")[0] if extra else "--variants"
+        close = near_miss(flag, ("--seeds", "--plot", "--json")) if extra else ""
+        die(f"{flag}: report-curve takes its folders (first), --seeds, --plot and --json only{close}")
     for out in args.name:
         if not Path(out).is_dir():
             die(f"{out} is not a folder: give the --out of each model's runs")
@@ -464,9 +467,33 @@ def curve(args, extra):
     return models
 
 
+REPORT_FLAGS = ("--out", "--plot")  # what report reads (it parses and ignores --seeds, as results/raw gives it)
+
+
+def refuse_extra(extra, command, takes):
+    """list's and report's words that get_args left over (a sweep would hand them to its runs): the first, in one
+    line, with the close flag of a near miss (--plt, --pl: --plot). A flag no run takes is refused (EXAMPLES)."""
+    if not extra:
+        return
+    word = extra[0]
+    if not word.startswith("-"):
+        die(f"{word}: {command} takes {'no experiment name' if command == 'list' else 'one experiment name'}")
+    flag = word.partition("=")[0]
+    if not takes:
+        die(f"{flag}: {command} takes no flags")
+    die(f"{flag}: {command} takes no such flag" + (near_miss(flag, takes) or f"; it takes {' and '.join(takes)}"))
+
+
+def near_miss(flag, takes):
+    """'; did you mean --plot?' when flag is a typo or a cut-off of one of takes (--plt, --pl), else ''."""
+    close = difflib.get_close_matches(flag, takes, n=1, cutoff=0.7)  # 0.7: --bogus is no --out (0.67)
+    return f"; did you mean {close[0]}?" if close else ""
+
+
 def main(argv=None):
     args, extra = get_args(argv)
     if args.command == "list":
+        refuse_extra(args.name + extra, "list", ())
         return list_experiments()
     if args.command == "report-curve":
         return curve(args, extra)
@@ -474,6 +501,7 @@ def main(argv=None):
         die(f"{args.name[1]}: {args.command} takes {'one experiment name' if args.command == 'report' else 'none'}")
     args.name, args.seeds = (args.name or [None])[0], args.seeds or PAPER_SEEDS[:3]
     if args.command == "report":
+        refuse_extra(extra, "report", REPORT_FLAGS)
         check_report(args)
         summary = report(args.name, EXPERIMENTS[args.name], args.out, args.plot)
         if summary is None:

@@ -5,9 +5,10 @@ results.md and results.json beside the runs; and the curve: one experiment's row
 folders, by tokens seen in pretraining (report_curve). It reads only: sweep.py writes the records.
 
 A record is <out>/<experiment>/<variant>/{seed-<s>,eval,fit}.json. It counts when it is valid JSON of a run's shape
-holding every number its experiment's tables need (needs); any other is named with what to do, and left out. A row
-averages the runs of one setting only (setting: its key but the seed, and the sha256 of its base weights and --data
-file): the sweep's own, or else the one most of the row's runs share; a run of another setting is named and left out.
+holding every number its experiment's tables need (needs), and a key and sha256s of their shape where it holds them
+(damaged_identity); any other is named with what to do, and left out. A row averages the runs of one setting only
+(setting: its key but the seed, and the sha256 of its base weights and --data file): the sweep's own, or else the one
+most of the row's runs share; a run of another setting is named and left out.
 """
 import hashlib
 import json
@@ -74,7 +75,38 @@ def read_record(path, paths):
     for k in ("dev", "test", "fit_seconds"):  # not needed by every table, but a number where present (never a NaN row)
         if get(rec, "train", k) is not None and not number(get(rec, "train", k)):
             return None, f"'train/{k}' is not a number ({get(rec, 'train', k)!r})"
-    return rec, None
+    why = damaged_identity(rec)
+    return (None, why) if why else (rec, None)
+
+
+SHAS = ("model_sha256", "generator_sha256", "data_sha256", "checkpoint_sha256")  # a run record's inputs and output
+
+
+def damaged_identity(rec):
+    """What is wrong with the parts of a record that say which run it is (its key, its sha256s), or None: a part it
+    does not hold is an older record's (taken at its word); a part it holds in another shape is damage, which a row
+    would otherwise average with, or set against, its runs (setting, differences)."""
+    if "key" in rec:  # str(RunKey): the JSON [model, [script, *flags], seed]
+        try:
+            key = json.loads(rec["key"]) if isinstance(rec["key"], str) else None
+        except ValueError:
+            key = None
+        if not (isinstance(key, list) and len(key) == 3 and isinstance(key[0], str) and isinstance(key[1], list)):
+            return f"'key' is {excerpt(rec['key'])}, not a run's key (the JSON [model, [script, *flags], seed])"
+        odd = [f for f in key[1] if not isinstance(f, str)]
+        if odd:
+            return f"'key' holds {excerpt(odd[0])} among its flags, where each is a string"
+    for k in SHAS:
+        x = rec.get(k)
+        if x is not None and not (isinstance(x, str) and re.fullmatch(r"[0-9a-f]{64}", x)):
+            return f"'{k}' is {excerpt(x)}, not a sha256 (64 hex digits)"
+    return None
+
+
+def excerpt(x, width=40):
+    """A damaged value as a line shows it: its repr, cut at width."""
+    r = repr(x)
+    return r if len(r) <= width else r[:width - 3] + "..."
 
 
 def bad_record_line(path, why):

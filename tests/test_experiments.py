@@ -135,12 +135,33 @@ def test_a_reader_that_closes_the_pipe_early_gets_no_traceback(tmp_path):
     (["report", "table5", "--variants", "sg"], "--variants chooses the rows a sweep runs"),
     (["table5", "--variants", "sg", "nope"], "--variants nope: table5 has no such variant; choose from sg-opt opt2"),
     (["report", "table5", "--plot", "a.png"], "table5 has none"),
+    # words list and report do not take (issue 86): refused, not ignored; a near miss names the close flag
+    (["list", "--bogus"], "--bogus: list takes no flags"),
+    (["list", "table1"], "table1: list takes no experiment name"),
+    (["report", "table5", "--bogus"], "--bogus: report takes no such flag; it takes --out and --plot"),
+    (["report", "table5", "--plt", "x.png"], "--plt: report takes no such flag; did you mean --plot?"),
+    (["report", "table5", "--plt=x.png"], "--plt: report takes no such flag; did you mean --plot?"),
+    (["report", "table5", "--pl", "x.png"], "--pl: report takes no such flag; did you mean --plot?"),  # no abbreviation
+    (["report", "table5", "--o", "runs"], "--o: report takes no such flag; did you mean --out?"),
 ])
 def test_bad_commands_are_one_line(argv, message, capsys):
     with pytest.raises(SystemExit) as e:
         experiments.main(argv)
     err = capsys.readouterr().err
     assert e.value.code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_report_with_a_flag_it_does_not_take_writes_nothing(tmp_path):
+    """Issue 86: `report table1 --out DIR --plt x.png` (a typo of --plot) exited 0 with no plot and no word. As the
+    command is typed: exit 2, one line naming the flag and the close one, and no report written."""
+    record(tmp_path / "table1/cls/eval.json", **{k: v for k, v in sts_record(70.0).items() if k != "train"})
+    for flags, message in ((["--plt", "x.png"], "error: --plt: report takes no such flag; did you mean --plot?"),
+                           (["--bogus"], "error: --bogus: report takes no such flag; it takes --out and --plot")):
+        r = subprocess.run([sys.executable, "-m", "lab.experiments", "report", "table1", "--out", str(tmp_path),
+                            *flags], cwd=Path(experiments.__file__).parents[1], capture_output=True, text=True,
+                           timeout=60)
+        assert (r.returncode, r.stderr.strip(), r.stdout) == (2, message, ""), r
+    assert not (tmp_path / "table1/results.md").exists() and not (tmp_path / "x.png").exists()
 
 
 def test_help_shows_defaults_and_one_example_a_line(capsys):
@@ -828,6 +849,49 @@ def test_variants_runs_only_those_rows_and_the_report_shows_every_finished_run(f
     assert all(f"| {v} | 2 |" in out for v in ("consert", "simcse", "sg-opt-mean")) and "| promptbert |" not in out
 
 
+def test_a_record_with_a_damaged_key_or_sha256_is_named_and_left_out(fake, monkeypatch, capsys):
+    """Issue 86: a record whose key holds a number among its flags (AttributeError in report.setting), or whose
+    model_sha256 is a number (TypeError in report.differences), ended `report` in a traceback. Each such record (a
+    key or a sha256 in another shape) is named on stderr with what is wrong and left out; the others report. The
+    sweep passes over them too: never a finished run, a copy's source, nor run over."""
+    use(monkeypatch, Variant("a"), Variant("b"), name="t")
+    t, sha = fake.out / "t", "ab" * 32
+
+    def key(*flags, seed=1):
+        return json.dumps(["m", ["train.py", *flags, "--seed", str(seed)], seed])
+    for v in "ab":
+        record(t / v / "seed-1.json", **sts_record(70.0), key=key(), model_sha256=sha)
+    damaged = {  # seed-2 of a and b, a damaged part each time: what the line says
+        "a": ({"key": key("--lr", 3, seed=2), "model_sha256": sha}, "'key' holds 3 among its flags, where each is"),
+        "b": ({"key": key(seed=2), "model_sha256": 5}, "'model_sha256' is 5, not a sha256 (64 hex digits)")}
+    for v, (parts, _) in damaged.items():
+        record(t / v / "seed-2.json", **sts_record(80.0, 2), **parts)
+    s = experiments.main(["report", "t", "--out", str(fake.out)])
+    out, err = capsys.readouterr()
+    assert s["a"]["seeds"] == s["b"]["seeds"] == [1] and s["a"]["sts"]["avg"] == [70.0, 0.0]
+    for v, (_, why) in damaged.items():
+        line = next(x for x in err.splitlines() if str(t / v / "seed-2.json") in x)
+        assert line.startswith("warning: ") and why in line and "move the file aside and re-run" in line, line
+        assert f"Missing: {v}/seed-2.json ({why}" in out
+    assert "Traceback" not in err
+    for parts, why in (({"key": 7}, "'key' is 7, not a run's key"), ({"key": "[1, 2"}, "'key' is '[1, 2', not a"),
+                       ({"key": json.dumps(["m", "train.py", 1])}, "not a run's key"),
+                       ({"data_sha256": ["ab"]}, "'data_sha256' is ['ab'], not a sha256"),
+                       ({"generator_sha256": "xyz"}, "'generator_sha256' is 'xyz', not a sha256"),
+                       ({"checkpoint_sha256": "ab" * 40}, f"'checkpoint_sha256' is '{'ab' * 18}..., not a")):
+        record(t / "a" / "seed-2.json", **sts_record(80.0, 2), **parts)
+        rec, got = report.read_record(t / "a" / "seed-2.json", [])
+        assert rec is None and why in got, got
+    # the sweep: a damaged record is a bad record (exit 1), not run over; nor taken as another experiment's run
+    record(t / "a" / "seed-2.json", **sts_record(80.0, 2), **damaged["a"][0])
+    assert sweep.find_finished(fake.out, RunKey("m", ("train.py", "--seed", "2"), 2), "seed-2", []) is None
+    with pytest.raises(SystemExit) as e:
+        experiments.main(["t", *fake.argv])
+    out, err = capsys.readouterr()
+    assert e.value.code == 1 and "not run (a bad record)" in out.splitlines()[-1] and "Traceback" not in err
+    assert json.loads((t / "b" / "seed-2.json").read_text())["model_sha256"] == 5  # never run over
+
+
 def test_report_names_the_base_weights_and_warns_when_two_differ(tmp_path, monkeypatch, capsys):
     """Records name the sha256 of the base model's weights; a table whose rows come from two weights says so, and a
     row never averages runs on two weights (the odd one is named and left out)."""
@@ -1207,6 +1271,8 @@ def test_the_curve_sweep_copies_table1s_and_methods_runs_and_reports_them(fake, 
     (["report", "table1", "--json", "{t}/c.json"], "--json is report-curve's"),
     (["table1", "--json", "{t}/c.json"], "--json is set per run by experiments.py"),
     (["report", "table1", "table5"], "table5: report takes one experiment name"),
+    (["report-curve", "{t}/a", "--plt", "{t}/c.png"], "--plt: report-curve takes its folders (first), --seeds, --plot "
+                                                      "and --json only; did you mean --plot?"),
 ])
 def test_bad_curve_commands_are_one_line(argv, message, tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "matplotlib", types.ModuleType("matplotlib"))  # as if installed

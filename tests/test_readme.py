@@ -11,7 +11,10 @@ reproduce the paper?" on its first screen, and in full in results/README.md, in 
 with the loss it claims; whose numbers each table holds; the machine and load of every time; the results READMEs'
 figures equal to their records, told by date, never by session or issue."""
 import argparse
+import contextlib
+import glob
 import importlib
+import io
 import os
 import re
 import shlex
@@ -132,53 +135,80 @@ def given(argv, flag):
     return any(w == flag or w.startswith(flag + "=") for w in argv)
 
 
-def reads_and_writes(script, argv):
-    """What a command reads ([(what, name)]: models, checkpoints, files) and writes ([names]), from the namespace its
-    own script's parser makes of argv; the script's parser exits (SystemExit) on what it refuses."""
-    reads, writes = [], []
+TRAINERS = ("train.py", "lab.train")  # SG-OPT's trainer; the lab's methods' (python -m lab.train, where it exists)
+EVALUATORS = ("evaluate.py", "lab.evaluate")  # STS; the lab's evaluations (python -m lab.evaluate, where it exists)
+
+
+def parse(script, argv):
+    """The namespace that script's own parser makes of argv; SystemExit where it refuses it. train.py and evaluate.py
+    hand what only the lab takes to the lab's parser (lab.runner and the method's recipe, lab.evaluations), as they
+    do themselves when run; python -m lab.X is parsed by lab.X (its get_args, else its main's parser), so a command
+    of a module that is not there fails here as it would in a shell (ModuleNotFoundError)."""
     if script == "train.py":
         import train
-        if train.for_the_lab(argv):  # another method, or a flag only the lab has: lab/runner.py parses it
+        if getattr(train, "for_the_lab", lambda _: False)(argv):  # another method, or a flag only the lab has
             from lab import methods, runner
-            cfg = methods.resolve_config(runner.get_args(argv))  # the method's recipe; a flag it refuses exits
-        else:
-            cfg = train.get_args(argv)
-        assert given(argv, "--model"), "names no --model: the default, bert-base-uncased, needs the hub"
-        reads += [("--model", cfg.model)] + [("--generator", g) for g in [getattr(cfg, "generator", None)] if g]
-        reads += [("--data", cfg.data)] * (cfg.data != "stsb")
-        writes += [cfg.out] + [cfg.json] * bool(cfg.json)
-    elif script == "evaluate.py":
+            return methods.resolve_config(runner.get_args(argv))  # the method's recipe; a flag it refuses exits
+        return train.get_args(argv)
+    if script == "evaluate.py":
         import evaluate
         args = evaluate.get_args(argv)
         if args is None:  # the lab's flags, poolings or tasks: lab/evaluations.py parses the whole command line
             from lab import evaluations
             args = evaluations.get_args(argv)
-        reads += [("--ckpt", args.ckpt)] if args.ckpt else [("--model", args.model)]
+        return args
+    if script == "lab.experiments":
+        return parse_experiments(argv)
+    module = importlib.import_module(script[:-3] if script.endswith(".py") else script)  # data.py; lab.X
+    return module.get_args(argv) if hasattr(module, "get_args") else parse_main(module, argv)
+
+
+def parse_experiments(argv):
+    """(args, extra, the flags its runs get or None) of a python -m lab.experiments command, after the checks its main
+    makes before any work: list's, report's and report-curve's in main itself (their work stubbed out), a sweep's by
+    check_sweep, and the flags it hands its runs by lab.runner's parser (train.py's or a method's)."""
+    from lab import experiments, runner
+    args, extra = experiments.get_args(argv)
+    if args.command in ("list", "report", "report-curve"):
+        with mock.patch.object(experiments, "list_experiments"), \
+                mock.patch.object(experiments, "report", return_value={}), \
+                mock.patch.object(experiments, "report_curve", return_value=[]):
+            experiments.main(argv)
+        return args, extra, None
+    sweep = argparse.Namespace(**vars(args))
+    sweep.name, sweep.seeds = (args.name or [None])[0], args.seeds or experiments.PAPER_SEEDS[:3]
+    experiments.check_sweep(sweep, extra)
+    return sweep, extra, runner.get_args(extra)
+
+
+def reads_and_writes(script, argv):
+    """What a command reads ([(what, name)]: models, checkpoints, files) and writes ([names]), from the namespace its
+    own script's parser makes of argv; the script's parser exits (SystemExit) on what it refuses."""
+    reads, writes = [], []
+    if script in TRAINERS:
+        cfg = parse(script, argv)
+        assert given(argv, "--model"), "names no --model: the default, bert-base-uncased, needs the hub"
+        reads += [("--model", cfg.model)] + [("--generator", g) for g in [getattr(cfg, "generator", None)] if g]
+        reads += [("--data", cfg.data)] * (getattr(cfg, "data", "stsb") != "stsb")
+        writes += [cfg.out] + [cfg.json] * bool(getattr(cfg, "json", None))
+    elif script in EVALUATORS:
+        args = parse(script, argv)
+        reads += [("--ckpt", args.ckpt)] if getattr(args, "ckpt", None) else [("--model", args.model)]
         reads += [("--pairs", f) for f in getattr(args, "pairs", None) or []]
         writes += [getattr(args, k, None) for k in ("json", "pairs_out", "cosines_out", "plot", "pairs_plot")]
     elif script == "data.py":
-        import data
-        parse_main(data, argv)
+        parse(script, argv)
     elif script == "lab.experiments":
-        from lab import experiments
-        args, extra = experiments.get_args(argv)
-        if args.command == "report":
-            args.name = (args.name or [None])[0]
-            experiments.check_report(args)
-        elif args.command == "report-curve":
+        args, extra, runs = parse(script, argv)
+        if args.command == "report-curve":
             reads += [("folder", d) for d in args.name]
             writes += [args.json, args.plot]
-        elif args.command != "list":  # a sweep: its rows, seeds and the flags it hands its runs, as main checks them
-            args.name, args.seeds = (args.name or [None])[0], args.seeds or experiments.PAPER_SEEDS[:3]
-            experiments.check_sweep(args, extra)
+        elif runs is not None:  # a sweep: the flags every run gets, train.py's or a method's
             assert given(argv, "--model"), "names no --model: the default, bert-base-uncased, needs the hub"
-            from lab import runner
-            runs = runner.get_args(extra)  # the flags every run gets: train.py's or a method's
             reads += [("--model", args.model)] + [("--generator", g) for g in [runs.generator] if g]
             reads += [("--data", runs.data)] * (runs.data != "stsb")
     else:
-        module = importlib.import_module(script)
-        args = module.get_args(argv) if hasattr(module, "get_args") else parse_main(module, argv)
+        args = parse(script, argv)
         if script == "lab.pretrain":
             reads += [(flag, f) for flag, f in (("--add-text", args.add_text), ("--text", args.text)) if f]
             writes += [args.name, *(f"{args.name}-step{s}" for s in args.keep_at)] + [args.sample_out]
@@ -240,6 +270,9 @@ def check_guide(doc):
             except SystemExit as e:
                 problems.append(f"{where}: its parser refuses it (exit {e.code}; its message is above)")
                 continue
+            except ModuleNotFoundError as e:  # python -m lab.X of a module that is not there
+                problems.append(f"{where}: {e}")
+                continue
             except AssertionError as e:
                 problems.append(f"{where}: {e}")
                 continue
@@ -249,7 +282,7 @@ def check_guide(doc):
     return problems
 
 
-def test_every_command_parses_and_reads_what_a_fresh_clone_has():
+def test_every_command_parses_and_reads_what_a_fresh_clone_has(monkeypatch):
     """Each `python ...` / `torchrun ...` command of README.md and lab/README.md is parsed by its own script's parser
     (train.py: train.get_args, or lab.runner.get_args and the method's resolve_config for the lab's methods;
     evaluate.py: its get_args, or lab.evaluations.get_args for the lab's evaluations; python -m lab.X: that module's
@@ -257,8 +290,120 @@ def test_every_command_parses_and_reads_what_a_fresh_clone_has():
     --pairs, --add-text, a checkpoint to export, a model to check) is in a fresh clone, written by an earlier command
     of its block, or one the text says to get first ($M from pip, bert-base-uncased from the hub). A command that
     names no --model would train or evaluate bert-base-uncased, which needs the hub, unsaid: refused too."""
+    monkeypatch.chdir(ROOT)  # as printed: from the repository root
     problems = [p for doc in GUIDES for p in check_guide(doc)]
     assert not problems, "\n".join(problems)
+
+
+# -----------------------------------------------------------------------------
+# every command of the three READMEs parses as printed (issue 86 item 3)
+
+READMES = ["README.md", "lab/README.md", "results/README.md"]
+SAMPLES = {"M": "raw-bert-mini"}  # a value for a variable a block uses and sets elsewhere, or by $(...)
+CUT = {"|", "||", ";", "&", "&&"}  # where a pipeline's first command, or a background job, ends
+REDIRECT = re.compile(r"\d*(>>?|<)(&\d+)?")  # > f, >> f, 2> f, < f (the next word: its file), 2>&1
+
+
+def shell_commands(text):
+    """[(line, words)] of a markdown text's bash blocks, each command as a shell would run it from its block: the
+    block's variables substituted (NAME=value, export NAME=value, `for NAME in A B; do`: its first value, $(...) and
+    a variable the block never sets: SAMPLES), a pattern (step-*) expanded in the repository, redirections dropped,
+    a pipeline cut to its first command, `done` left out. A command elided with `...` is a pattern, not a command:
+    left out too."""
+    out = []
+    for _, cmds in bash_blocks(text):
+        env = dict(SAMPLES)
+        for n, command in cmds:
+            command = command.strip()
+            loop = re.fullmatch(r"for (\w+) in (\S+).*?;\s*do", command)
+            if loop or command in ("done", "do"):
+                env.update({loop[1]: loop[2]} if loop else {})
+                continue
+            sub = re.fullmatch(r"(?:export\s+)?(\w+)=\$\(.*\)", command)  # NAME=$(...): a sample value
+            if sub:
+                env.setdefault(sub[1], "sample")
+                continue
+            command = re.sub(r"\$\{?(\w+)\}?", lambda m: env.get(m[1], m[0]), command)
+            words = shlex.split(command, comments=True)
+            assign = words[1:] if words[:1] == ["export"] else words
+            if assign and all(re.fullmatch(r"\w+=.*", w) for w in assign):  # the block's variables
+                env.update(w.split("=", 1) for w in assign)
+                continue
+            cut = next((i for i, w in enumerate(words) if w in CUT), len(words))
+            words = [g for w in words[:cut]  # step-*: the folders it names here, as bash expands it
+                     for g in ("*" in w and sorted(glob.glob(w, root_dir=ROOT))) or [w]]
+            kept = []
+            for i, w in enumerate(words):  # a redirection and its file, if apart (2>&1 names none)
+                before = words[i - 1] if i else ""
+                if not (REDIRECT.fullmatch(w) or (REDIRECT.fullmatch(before) and not before[-1].isdigit())):
+                    kept.append(w)
+            if "..." not in kept and kept:
+                out.append((n, kept))
+    return out
+
+
+def check_parses(doc):
+    """[problem, ...]: the python / torchrun commands of doc's bash blocks that their module's parser refuses
+    (parse), with its one line, or whose module is not there."""
+    problems = []
+    for n, words in shell_commands((ROOT / doc).read_text()):
+        run = invocation(words)
+        if run is None:
+            continue
+        err = io.StringIO()
+        try:
+            with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+                parse(*run)
+        except SystemExit as e:
+            why = (err.getvalue().strip().splitlines() or [f"exit {e.code}"])[-1]
+            problems.append(f"{doc}:{n}: `{shlex.join(words)}`: {run[0]}'s parser refuses it: {why}")
+        except ModuleNotFoundError as e:
+            problems.append(f"{doc}:{n}: `{shlex.join(words)}`: {e}")
+    return problems
+
+
+def test_every_readme_command_parses_as_printed(monkeypatch):
+    """Each `python train.py`, `python evaluate.py`, `python data.py`, `python -m lab.X` and `torchrun` command of
+    README.md, lab/README.md and results/README.md, as a shell runs it from the repository root, is accepted by its
+    own module's parser (parse: train.py's and evaluate.py's with the lab's behind them, python -m lab.X's its own,
+    so python -m lab.train or lab.evaluate is checked once it exists and refused while it does not); nothing is
+    trained or evaluated. A block's shell variables take the values it gives them, $M a sample model's name."""
+    monkeypatch.chdir(ROOT)
+    seen = {doc: [run[0] for _, words in shell_commands((ROOT / doc).read_text()) if (run := invocation(words))]
+            for doc in READMES}
+    assert all(seen.values()), {doc: len(runs) for doc, runs in seen.items()}  # each holds commands to check
+    problems = [p for doc in READMES for p in check_parses(doc)]
+    assert not problems, "\n".join(problems)
+
+
+def test_the_parse_checker_reads_commands_as_a_shell_does(tmp_path, monkeypatch):
+    """check_parses on a made-up README: a block's variables, a for loop's, $(...), a background job, a pipe, a
+    redirection and a pattern are read as a shell would; a bad flag, a near-miss of report's --plot and a module that
+    is not there are each one problem, with the parser's own line."""
+    text = ("```bash\nexport SG_DATA=x\nM=$(python -c 'print(1)')\nC=\"--pooling mean\"\n"
+            "for cfg in paper simcse; do\n  python evaluate.py --model $M $C --tasks transfer --transfer-config $cfg\n"
+            "done\npython -m lab.experiments list > all.txt 2>&1 &\npython evaluate.py --model $M | tail -3\n"
+            "python -m lab.pretrain ...\npython train.py --model $M --no-such-flag\n"
+            "python -m lab.experiments report table1 --out results/full --plt x.png\n"
+            "python -m lab.experiments report-curve 'r/step-*' --json c.json\n"
+            "python -m lab.no_such_module --model $M\n```\n")
+    for step in ("step-2", "step-1"):
+        (tmp_path / "r" / step / "pretrain").mkdir(parents=True)
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    assert [w for _, w in shell_commands(text)] == [
+        ["python", "evaluate.py", "--model", "raw-bert-mini", "--pooling", "mean", "--tasks", "transfer",
+         "--transfer-config", "paper"],
+        ["python", "-m", "lab.experiments", "list"], ["python", "evaluate.py", "--model", "raw-bert-mini"],
+        ["python", "train.py", "--model", "raw-bert-mini", "--no-such-flag"],
+        ["python", "-m", "lab.experiments", "report", "table1", "--out", "results/full", "--plt", "x.png"],
+        ["python", "-m", "lab.experiments", "report-curve", "r/step-1", "r/step-2", "--json", "c.json"],
+        ["python", "-m", "lab.no_such_module", "--model", "raw-bert-mini"]]
+    (tmp_path / "doc.md").write_text(text)
+    monkeypatch.chdir(tmp_path)
+    problems = check_parses("doc.md")
+    assert len(problems) == 3, problems  # report-curve's folders are there: it parses
+    assert "--no-such-flag" in problems[0] and "did you mean --plot?" in problems[1], problems
+    assert "No module named 'lab.no_such_module'" in problems[2], problems
 
 
 def test_the_command_checker_refuses_what_it_should(tmp_path, monkeypatch):
