@@ -230,7 +230,7 @@ EXPERIMENTS = {
        "<out>/pretrain/pretrain.json): `--variants cls mean whitening sg-opt --seeds 1 2`, then `--variants simcse "
        "--seeds 1` (a run of the same command that table1 or methods finished on that --out is copied, not run). "
        "`report-curve OUT [OUT ...]` sets the models side by side by tokens seen, a row's runs from curve/, else "
-       "table1/, else methods/, SG-OPT at seeds 1 2 and SimCSE at seed 1 at every model unless --seeds: at what "
+       "effect/, else table1/, else methods/, SG-OPT at seeds 1 2 and SimCSE at seed 1 at every model unless --seeds: at what "
        "pretraining does SG-OPT lift [CLS] above mean pooling?", drops={"sg-opt": "mean"}),
     "leaderboard": Experiment("Every method and baseline on one harness: STS, transfer and cost", [
         *[Variant(n, ["--pooling", n, "--tasks", "all", "--transfer-config", "paper"], {OWN: p}, evaluate_only=True)

@@ -657,7 +657,7 @@ def plot_effect(exp, summary, path):
 # -----------------------------------------------------------------------------
 # the curve: one experiment's rows over several models (a pretraining's intermediate models), x = tokens seen
 
-CURVE_FOLDERS = ("curve", "table1", "methods")  # where a model's row is looked for, in this order
+CURVE_FOLDERS = ("curve", "effect", "table1", "methods")  # where a model's row is looked for, in this order
 LABELS = {"cls": "[CLS]", "mean": "mean", "whitening": "whitening", "sg-opt": "SG-OPT", "simcse": "SimCSE"}
 
 
