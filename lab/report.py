@@ -281,7 +281,7 @@ def significance_table(summary, references=None):
     if not refs or not rows:
         return []
     once = [LABELS.get(r, r) for r in refs if summary[r]["seeds"] == [None]]
-    note = f" {' and '.join(once)} {ONCE_NOTE}" if once else ""
+    note = f" {' and '.join(once)} ran once: " + ONCE_NOTE if once else ""
     return ["", *table(["variant", *significance_head(refs)], rows), "", significance_note(refs) + note]
 
 
@@ -387,8 +387,8 @@ def significance_cell(x, kind):
     return f"{d:+.2f} [{lo:+.2f}, {hi:+.2f}]" + (" better" if lo > 0 else " worse" if hi < 0 else "")
 
 
-ONCE_NOTE = ("ran once, and no seed moves it: it is a constant, so a seeded row's 'seeds' interval against it is "
-             "that row's one-sample t interval, and a row that also ran once has its difference alone.")
+ONCE_NOTE = ("no seed moves such a reference, so against it a seeded row's 'seeds' interval is that row's "
+             "one-sample t interval, and a row that also ran once has its difference alone.")
 SIGNIFICANCE_NOTE = (
     "vs {refs}: the method's 7-task average (`all`) minus the reference's, with a 95% interval; 'better' or 'worse' "
     "only when the interval excludes 0. seeds: Welch's t interval on the per-seed averages (unequal variances; n/a "

@@ -1431,7 +1431,7 @@ def test_the_effect_experiment_sets_every_row_against_cls_and_mean_with_cosines_
     assert "--cosines-out" in json.loads((out / "cls/eval.json").read_text())["command"]
     text = capsys.readouterr().out
     assert "vs [CLS]: seeds" in text and "vs mean: seeds" in text and "vs SG-OPT" not in text
-    assert "[CLS] and mean ran once, and no seed moves it" in text
+    assert "[CLS] and mean ran once: no seed moves such a reference" in text
     summary = json.loads((out / "results.json").read_text())["variants"]
     seeds = summary["sg-opt"]["vs"]["mean"]["seeds"]
     avgs = [json.loads((out / f"sg-opt/seed-{s}.json").read_text())["sts"]["avg"]["all"] for s in (1, 2)]
