@@ -431,7 +431,7 @@ def execute(run, cmd, then, tag, trained=None):
         part.unlink(missing_ok=True)  # what a killed sweep's child left never passes for this child's result
         rc = run_child(c, log)
         if rc == 2:
-            die(f"{last_line(log).removeprefix('error: ')} ({run}: {Path(c[1]).name} refused its input, as every "
+            die(f"{last_line(log).removeprefix('error: ')} ({run}: {shown(c)[0]} refused its input, as every "
                 f"run would; the sweep stops. Log: {log})")
         results.append(read_result(part))
         if rc != 0 or results[-1] is None:

@@ -313,7 +313,7 @@ def test_a_failed_run_gives_exit_1_and_a_summary_line_with_progress(fake, monkey
         experiments.main(["t", *fake.argv])
     out = capsys.readouterr().out
     assert e.value.code == 1
-    assert "[1/5 | 0.0 min] t/ok/seed-1: train.py --model m --score 75 --seed 1" in out
+    assert "[1/5 | 0.0 min] t/ok/seed-1: python train.py --model m --score 75 --seed 1" in out
     assert "t/ok/seed-1: done in 0.0 min | STS avg 78.10" in out
     assert "t/boom/seed-1: failed (exit 1): RuntimeError: boom | log: " in out
     last = out.strip().splitlines()[-1]
@@ -331,7 +331,7 @@ def test_a_usage_error_stops_the_sweep_at_once(fake, monkeypatch, capsys):
         experiments.main(["t", *fake.argv])
     err = capsys.readouterr().err.strip().splitlines()
     assert e.value.code == 2 and len(fake.calls()) == 1
-    assert err[-1].startswith("error: --usage-error means nothing here (t/a/seed-1: train.py refused its input")
+    assert err[-1].startswith("error: --usage-error means nothing here (t/a/seed-1: python train.py refused its input")
     assert not list(fake.out.rglob(".*.lock"))
 
 
