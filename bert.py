@@ -400,13 +400,13 @@ def encode(model, tokenizer, sentences, pooling=None, layer=-1, batch_size=64, d
     POOLINGS, a function (hidden_states, attention_mask) -> (B, H), or None: the checkpoint's
     (META 'pooling'), else 'cls'. dropout: keep BERT's dropout on. progress(done, total): after
     each batch. precision: fp32 (exact) or bf16 (the matrix products only, Bf16Products on a CPU
-    without a bf16 unit). A fitted transform or a template: lab.evaluations.sentence_vectors."""
+    without a bf16 unit). A fitted transform or a template: lab.evaluate.sentence_vectors."""
     if pooling is None:
         pooling = getattr(model, "pooling", None) or "cls"  # Bert.from_checkpoint's record
     if pooling == "prompt":
         raise ValueError("this checkpoint's sentence vector is PromptBERT's [MASK] vector of a "
                          "template around the sentence, which encode cannot make: use lab."
-                         "evaluations.sentence_vectors(model, tokenizer, 'prompt', template=...), "
+                         "evaluate.sentence_vectors(model, tokenizer, 'prompt', template=...), "
                          "or pass another pooling")
     return encode_many(model, tokenizer, sentences, [(pooling, layer)], batch_size, dropout,
                        progress, precision=precision)[pooling, layer]

@@ -47,7 +47,7 @@ META = {
                   "never a machine path)",
     "base_sha256": "the sha256 of the base model's weights file, so that two models of one name "
                    "are never mixed",
-    "method": "train.py --loss: opt, sg, opt1, opt2, consert, simcse, promptbert, whitening, flow",
+    "method": "--loss: opt, sg, opt1, opt2 (train.py), consert, simcse, ... (python -m lab.train)",
     "pooling": "how evaluate.py makes the sentence vector: a pooling of bert.POOLINGS, or 'prompt' "
                "(PromptBERT: the [MASK] vector of the sentence inside 'template')",
     "template": "pooling 'prompt': the template evaluate.py puts each sentence in, one [X] (the "
@@ -338,13 +338,13 @@ def check_transform(path, meta, tensors, config):
                 raise LoadError(f"{path}: its whitening (metadata 'transform') cannot be rebuilt: "
                                 f"tensor '{TRANSFORM_PREFIX}{k}' has shape {got}, not [{want}] "
                                 f"(H {H}: metadata 'config' hidden_size; K: metadata 'transform' "
-                                f"dim); fit it again with train.py --loss whitening")
+                                f"dim); fit it again: python -m lab.train --loss whitening")
     flow = (info.get("config")
             if info.get("kind") == "flow" and isinstance(info.get("config"), dict) else {})
     if flow.get("dim", H) != H:
         raise LoadError(f"{path}: its flow (metadata 'transform') cannot be rebuilt: it maps "
                         f"{flow['dim']} dimensions, the model's vectors have {H} (metadata "
-                        f"'config' hidden_size); fit it again with train.py --loss flow")
+                        f"'config' hidden_size); fit it again: python -m lab.train --loss flow")
 
 
 def read_metadata(path):

@@ -5,8 +5,10 @@ types of numbers and seeds, the device a run uses, what Ctrl-C does, the commit 
 train.py's run flags. Floor 0: it imports no project module.
 """
 import argparse
+import difflib
 import math
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -18,6 +20,40 @@ def die(msg, code=2):
     """The one way a command refuses its input: 'error: <msg>' as one stderr line, exit status 2."""
     print("error: " + " ".join(str(msg).split()), file=sys.stderr)
     sys.exit(code)
+
+
+def parser(prog, description, epilog=None):
+    """A script's parser: flags written whole (no abbreviations), a bad one a single line (die)."""
+    p = argparse.ArgumentParser(prog, description=description, epilog=epilog, allow_abbrev=False,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.error = die  # argparse would print the whole usage first
+    return p
+
+
+def parse(p, argv, lab=None):
+    """argv parsed once by p; an unknown flag is one line. lab: the lab's module that has more
+    flags (e.g. 'lab.train'), named with the command to run there."""
+    args, unknown = p.parse_known_args(argv)
+    flags = [w for w in unknown if w.startswith("-")]
+    if not flags:
+        unknown and die(f"unrecognized arguments: {' '.join(unknown)}")
+        return args
+    word = flags[0].split("=", 1)[0]
+    known = [s for a in p._actions for s in a.option_strings if s.startswith("--")]
+    whole = [f for f in known if f.startswith(word)] if len(word) > 2 else []
+    if whole:
+        die(f"{word}: write the flag whole (abbreviations are not read): {' or '.join(whole)}?")
+    near = difflib.get_close_matches(word, known, n=2, cutoff=0.75)
+    hint = f" (did you mean {' or '.join(near)}?)" if near else ""
+    if lab is None:
+        die(f"unrecognized flag {word}{hint}")
+    argv = sys.argv[1:] if argv is None else argv
+    to_the_lab(f"{word} is not a flag of {p.prog}{hint}", lab, argv)
+
+
+def to_the_lab(what, lab, argv):
+    """Refuse what the core does not do, in one line that gives the lab's command for it."""
+    die(f"{what}; the lab's: python -m {lab} {shlex.join(argv)}")
 
 
 def at_least(low, kind=int, why=""):

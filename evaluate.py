@@ -11,67 +11,58 @@ STS-B and SICK-R are single test sets, so the three coincide. Every evaluation t
 vectors(sentences) -> (n, H), so a pooling plugs in without touching the evaluator.
 
 --json: {"model", "model_sha256", "device", "precision", "pooling", "layer", "sts": {task:
-{"all", "wmean", "mean"}, "avg", ...}, "transfer", "layerwise", "pairs"}, the last three null: the
-lab's. A command line that asks for the lab goes to lab/evaluations.py whole.
+{"all", "wmean", "mean"}, "avg", ...}, "transfer", "layerwise", "pairs"}, the last three null
+here: the lab's evaluations fill them (python -m lab.evaluate).
 
     python evaluate.py --ckpt sg.safetensors --json results.json
 """
-import sys
-
-import cli
-
-if __name__ == "__main__":
-    cli.exit_on_ctrl_c("evaluate.py")
-
-import argparse
 import contextlib
-import itertools
+import difflib
+import sys
 import time
 from pathlib import Path
 
+import numpy as np
+from scipy.stats import spearmanr
+
+import bert
+import checkpoint
+import cli
 from cli import die
-from data import SHORT, TASKS, TRANSFER  # no torch: --help answers before torch loads
+from data import SHORT, TASKS, TRANSFER, DataError, load_stsb, load_task, resolve_data_dir
 
 PROTOCOLS = ("all", "wmean", "mean")
 SUMMARY = ("avg", "sentences", "sentences_per_s", "seconds", "task_seconds")  # not tasks
 TASK_SETS = {"sts": TASKS, "transfer": TRANSFER, "all": TASKS + TRANSFER}  # --tasks shorthands
 EVAL_MAX_LEN = 128  # tokens a sentence at evaluation, [CLS]/[SEP] included: SentEval's, SimCSE's
-
-# what the lab evaluates (lab/evaluations.py), named here so that the core can hand it over unread
-LAB_FLAGS = ("--wk-layer-start", "--wk-window", "--template", "--pairs", "--pairs-out",
-             "--cosines-out", "--transfer-config", "--layerwise", "--plot", "--pairs-plot")
-LAB_POOLINGS = ("wk", "prompt")
-POOLING_CHOICES = ("cls", "mean", "max", "first-last", "last2", *LAB_POOLINGS)  # bert.POOLINGS, +
+MODEL_FILES = ("config.json", "model.safetensors", "tokenizer.json", "vocab.txt")  # load reads
 
 EPILOG = """\
-the lab's, handed over to lab/evaluations.py: --pooling wk [--wk-layer-start K] [--wk-window W],
---pooling prompt [--template T], --tasks transfer [--transfer-config paper|simcse], --layerwise
-[--plot PNG], --pairs FILE [--pairs-out TSV], --cosines-out NPZ, --pairs-plot PNG, and a --ckpt
-with a fitted transform or a template; their help: python evaluate.py --layerwise --help
-
-example: python evaluate.py --ckpt sg.safetensors --json results.json"""
+example: python evaluate.py --ckpt sg.safetensors --json results.json
+the lab's evaluations (python -m lab.evaluate --help): --pooling wk [--wk-layer-start K]
+[--wk-window W], --pooling prompt [--template T], --tasks transfer [--transfer-config C],
+--layerwise [--plot PNG], --pairs FILE [--pairs-out TSV], --cosines-out NPZ, --pairs-plot PNG,
+and a --ckpt with a fitted transform or a template"""
 
 # -----------------------------------------------------------------------------
-# the command line, parsed before the heavy imports: --help and a bad flag answer at once
+# the command line
 
 
 def parser():
-    """The core's flags; the lab's parser (lab/evaluations.py) adds its own to this one."""
-    p = argparse.ArgumentParser(description="STS evaluation (Spearman x100) in the all / wmean / "
-                                "mean protocols", epilog=EPILOG,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.error = die  # a bad flag is one line (argparse would print the whole usage first)
+    """The core's flags; the lab's evaluations (lab/evaluate.py) add theirs to this parser."""
+    p = cli.parser("evaluate.py", "STS evaluation (Spearman x100) in the all / wmean / mean "
+                   "protocols", EPILOG)
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--model", help="model folder, or a name (models/, weights/, the hub)")
     src.add_argument("--ckpt", help="a .safetensors checkpoint written by train.py")
     a = p.add_argument
-    a("--pooling", choices=POOLING_CHOICES, help="sentence vector (default: the pooling a --ckpt "
-      "records, e.g. last2 for ConSERT; else cls); wk and prompt: the lab's, see below")
+    a("--pooling", help=f"sentence vector: {', '.join(bert.POOLINGS)} (default: the pooling a "
+      "--ckpt records, else cls); the lab's: wk, prompt")
     a("--layer", type=int, default=None, help="hidden state to pool, 0 = embeddings (default: -1)")
     a("--tasks", nargs="+", default=None, metavar="TASK",
       choices=TASKS + list(SHORT.values()) + TRANSFER + list(TASK_SETS),
-      help=f"tasks to run: any of {' '.join(TASKS)} {' '.join(TRANSFER)}, or sts (the 7 STS "
-      "tasks, the default), transfer (the 7 transfer tasks), all (both)")
+      help=f"tasks to run: any of {' '.join(TASKS)}, or sts (the 7 STS tasks, the default); "
+      f"the lab's: {' '.join(TRANSFER)}, transfer (those 7), all (both)")
     a("--data-dir", help="data folder (default: $SG_DATA, else ./data; fetched when missing)")
     a("--batch-size", type=int, default=64, help="sentences per forward pass (default: 64)")
     a("--device", default="auto", choices=["auto", "cpu", "cuda"], help="default: cuda if present")
@@ -89,30 +80,19 @@ def expand(tasks):
 
 
 def get_args(argv=None):
-    """The core's flags; None for the lab's: a LAB_FLAGS flag, a LAB_POOLINGS pooling, transfer."""
-    argv, p = sys.argv[1:] if argv is None else argv, parser()
-    core = [s for action in p._actions for s in action.option_strings]
-    words = [w.split("=", 1)[0] for w in itertools.takewhile(lambda w: w != "--", argv)]
-    # a lab flag as argparse reads it: a unique prefix too (one the core shares: ambiguous there)
-    if any(w.startswith("--") and w not in core and any(f.startswith(w) for f in LAB_FLAGS)
-           for w in words):
-        return None
-    args = p.parse_args(argv)
-    lab = args.pooling in LAB_POOLINGS or any(t in TRANSFER for t in expand(args.tasks or []))
-    return None if lab else args
+    """The core's flags, parsed once; the lab's flags, poolings and tasks: one line that gives the
+    lab's command."""
+    argv = sys.argv[1:] if argv is None else argv
+    args = cli.parse(parser(), argv, lab="lab.evaluate")
+    if args.pooling is not None and args.pooling not in bert.POOLINGS:
+        cli.to_the_lab(f"--pooling {args.pooling}: evaluate.py pools {', '.join(bert.POOLINGS)}",
+                       "lab.evaluate", argv)
+    transfer = [t for t in args.tasks or [] if set(expand([t])) & set(TRANSFER)]
+    if transfer:
+        cli.to_the_lab(f"--tasks {transfer[0]}: evaluate.py scores the STS tasks", "lab.evaluate",
+                       argv)
+    return args
 
-
-if __name__ == "__main__":
-    get_args()  # exits here on --help or a bad flag; main() parses again, after the imports below
-
-import numpy as np
-from scipy.stats import spearmanr
-
-import bert
-import checkpoint
-from data import DataError, load_stsb, load_task, resolve_data_dir
-
-assert POOLING_CHOICES == (*bert.POOLINGS, *LAB_POOLINGS), f"out of date: {bert.POOLINGS}"
 
 # -----------------------------------------------------------------------------
 # sentence vectors and the STS protocols
@@ -237,11 +217,23 @@ def where(args, device, pooling=None):
 # the model, the checks, the outputs
 
 
+def model_inputs(flag, name):
+    """(what, path) of the files a model is read from: a folder's, or the file itself."""
+    p = checkpoint.local_path(name)
+    return [(f"{flag} file", p / f) for f in MODEL_FILES] if p.is_dir() else [(flag, p)]
+
+
 def inputs(args):
     """(what, path) of the files a run reads, which no output may be: a --ckpt, a --model's."""
-    files = ("config.json", "model.safetensors", "tokenizer.json", "vocab.txt")  # load reads
-    return [("--ckpt", args.ckpt)] * bool(args.ckpt) + \
-        [("--model file", Path(args.model) / f) for f in files if args.model]
+    return model_inputs("--ckpt" if args.ckpt else "--model", args.ckpt or args.model)
+
+
+def check_not_read(flag, path, reads):
+    """An output `path` that is one of the run's inputs `reads` (what, path): refused."""
+    for what, source in reads if path else ():
+        if checkpoint.same_path(path, source):
+            die(f"{flag} {path} is the {what} {source}: writing it would replace what it reads; "
+                "give another file")
 
 
 def check_args(args, outputs=None, reads=None):
@@ -251,10 +243,7 @@ def check_args(args, outputs=None, reads=None):
             path and checkpoint.check_output(path, suffix)
         except checkpoint.LoadError as e:
             die(f"{flag} {e}")
-        for what, source in (inputs(args) if reads is None else reads) if path else ():
-            if checkpoint.same_path(path, source):
-                die(f"{flag} {path} is the {what} {source}: writing it would replace what it "
-                    "reads; give another file")
+        check_not_read(flag, path, inputs(args) if reads is None else reads)
     if args.batch_size < 1:
         die(f"--batch-size must be at least 1, not {args.batch_size}")
 
@@ -274,9 +263,14 @@ def read(args):
     """The --ckpt or --model as checkpoint.load reads it: the one read of its file."""
     ckpt = Path(args.ckpt or "")
     if args.ckpt and ckpt.suffix == ".safetensors" and not ckpt.exists():
-        die(f"--ckpt {args.ckpt} not found{'' if ckpt.is_absolute() else f' in {Path.cwd()}'}; "
-            f"train.py makes one: python train.py --model MODEL --out {args.ckpt} (MODEL a local "
-            "folder, e.g. the packaged all-MiniLM-L6-v2 of the README's Quick start)")
+        here = [f.name for f in ckpt.parent.glob("*.safetensors") if f.is_file()]
+        near = difflib.get_close_matches(ckpt.name, here, n=1)
+        where = "" if ckpt.is_absolute() else f" in {Path.cwd()}"
+        if near:
+            die(f"--ckpt {args.ckpt} not found{where}; did you mean {ckpt.with_name(near[0])}?")
+        die(f"--ckpt {args.ckpt} not found{where}; train.py makes one: python train.py --model "
+            f"MODEL --out {args.ckpt} (MODEL a local folder, e.g. the packaged all-MiniLM-L6-v2 of "
+            "the README's Quick start)")
     with loading(args):
         args.ckpt and checkpoint.check_checkpoint_path(args.ckpt)
         return checkpoint.load(args.ckpt or args.model)
@@ -295,10 +289,14 @@ def build(args, ck):
 
 
 def lab_checkpoint(ck):
-    """The lab's: a fitted transform (metadata, tensors), a template, a pooling not of bert's."""
-    fitted = any(k.startswith(checkpoint.TRANSFORM_PREFIX) for k in ck.tensors)
-    return fitted or bool({"transform", "template"} & set(ck.meta)) or \
-        ck.meta.get("pooling") not in (None, *bert.POOLINGS)
+    """What of a checkpoint the core does not evaluate (a fitted transform, a template, a pooling
+    not of bert's), in words, or None."""
+    if "transform" in ck.meta or any(k.startswith(checkpoint.TRANSFORM_PREFIX) for k in ck.tensors):
+        return "holds a fitted transform"
+    if "template" in ck.meta:
+        return "records a template"
+    pooling = ck.meta.get("pooling")
+    return None if pooling in (None, *bert.POOLINGS) else f"records pooling {pooling!r}"
 
 
 def save(path, write, what):
@@ -311,16 +309,16 @@ def save(path, write, what):
 
 
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
     args = get_args(argv)
-    ck = None
-    if args is not None:  # the core's flags alone
-        check_args(args)
-        args.layer = -1 if args.layer is None else args.layer
-        device = cli.device(args.device)
-        ck = read(args)
-    if args is None or args.ckpt and lab_checkpoint(ck):
-        from lab import evaluations  # the one hand-off: the lab checks and evaluates it all
-        return evaluations.main(argv, ck)
+    check_args(args)
+    args.layer = -1 if args.layer is None else args.layer
+    device = cli.device(args.device)
+    ck = read(args)
+    lab = args.ckpt and lab_checkpoint(ck)
+    if lab:
+        cli.to_the_lab(f"--ckpt {args.ckpt} {lab}, which evaluate.py does not make", "lab.evaluate",
+                       argv)
     model, tokenizer = build(args, ck)
     meta, sha = ck.meta, ck.sha256
     del ck  # its tensors: the model holds its own copy

@@ -11,7 +11,7 @@ lam * ||BERT_T - BERT_F||^2 keeps BERT_T near BERT_F. train_step is one such ste
 
 The ablations sg, opt1 and opt2 (Table 5) see one view per sentence, its layer drawn at random.
 Where the official code (galsang/SG-BERT) and the paper differ we follow the code, and each such
-choice is a flag. Other methods (--loss simcse, ...) run in the lab (lab/runner.py) on this loop.
+choice is a flag. Other methods run in the lab on this loop: python -m lab.train --loss simcse.
 STS-B dev is scored at step 0 (the base model), every --eval-every steps and at the end; the best
 trained weights go to --out. torchrun runs several processes (runtime.py).
 """
@@ -25,28 +25,38 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
+
+import bert
+import checkpoint
 import cli
+import data
+import evaluate
+import runtime
+import sg_loss
 from cli import at_least, die, git_sha, layer_slice, layers_flag, positive
+from runtime import gather, raw
 
 LOSSES = ("opt", "sg", "opt1", "opt2")  # SG-OPT and the paper's ablations; the lab has the others
-POOLINGS = ("cls", "mean", "max", "first-last", "last2")  # bert.POOLINGS (no torch before --help)
 
 # -----------------------------------------------------------------------------
 # the command line
 
 
 def get_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].strip(), epilog=EPILOG,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.error = die  # a bad flag is one line (argparse would print the whole usage first)
+    p = cli.parser("train.py", __doc__.split("\n\n")[0].strip(), EPILOG)
     add_sg_flags(p.add_argument)
     cli.add_run_flags(p.add_argument)
-    return p.parse_args(argv)
+    args = cli.parse(p, argv, lab="lab.train")
+    if args.loss not in LOSSES:
+        cli.to_the_lab(f"--loss {args.loss}: train.py trains {', '.join(LOSSES)}", "lab.train",
+                       sys.argv[1:] if argv is None else argv)
+    return args
 
 
 EPILOG = """example: python train.py --model bert-base-uncased --loss opt --out sg.safetensors
-the lab's methods (python train.py --loss simcse --help): --loss sg-opt-sscl, consert, simcse,
-promptbert, esimcse, sscl, diffcse, whitening, flow"""
+the lab's methods and flags: python -m lab.train --help (--loss sg-opt-sscl, consert, simcse,
+promptbert, esimcse, sscl, diffcse, whitening, flow; --aug1, --aug2, ...)"""
 
 
 def add_sg_flags(a):
@@ -71,39 +81,12 @@ def add_sg_flags(a):
       "BERT_F becomes a view h_ik. code: mean (default), paper: max")
     a("--layers", default=":", type=layers_flag, help="the hidden states of BERT_F that give "
       "views, a Python slice A:B over 0..l (default: all)")
-    a("--pooling", choices=POOLINGS, default="cls", help="c_i, BERT_T's vector (default: cls)")
-    a("--eval-pooling", choices=POOLINGS, default="cls", help="the vector at evaluation, recorded "
-      "in the checkpoint (default: cls)")
+    a("--pooling", choices=bert.POOLINGS, default="cls", help="c_i, BERT_T's vector (default: cls)")
+    a("--eval-pooling", choices=bert.POOLINGS, default="cls", help="the vector at evaluation, "
+      "recorded in the checkpoint (default: cls)")
     a("--no-proj", action="store_true", help="ablation: no head f (the loss sees BERT's vectors)")
     a("--proj-size", type=at_least(1), default=4096, help="width of f (default: %(default)s)")
 
-
-def for_the_lab(argv):
-    """Another method's command line, or a flag the core has not: lab/runner.py's to run."""
-    p = argparse.ArgumentParser(exit_on_error=False, add_help=False)
-    add_sg_flags(p.add_argument)
-    cli.add_run_flags(p.add_argument)
-    try:
-        args, unknown = p.parse_known_args(argv)
-    except argparse.ArgumentError:  # a bad value of a core flag: the core's own one-line error
-        return False
-    return args.loss not in LOSSES or any(a not in ("-h", "--help") for a in unknown)
-
-
-if __name__ == "__main__":
-    cli.exit_on_ctrl_c("train.py")  # Ctrl-C while torch loads: one line and exit code 130
-    if not for_the_lab(sys.argv[1:]):
-        get_args()  # exits here on --help or a bad flag, before the imports below
-
-import torch  # noqa: E402
-
-import bert  # noqa: E402
-import checkpoint  # noqa: E402
-import data  # noqa: E402
-import runtime  # noqa: E402
-import evaluate  # noqa: E402
-import sg_loss  # noqa: E402
-from runtime import gather, raw  # noqa: E402
 
 # -----------------------------------------------------------------------------
 # one training step
@@ -372,7 +355,7 @@ class BestCheckpoint:
     def finish(self):
         if self.best["step"] == 0:  # --select any, and the base model stayed the best (BERT_F)
             self.save(self.run.bert_F, 0, self.best["dev"])
-        elif self.base is not None and self.base > self.best["dev"]:
+        elif self.best["step"] > 0 and self.base > self.best["dev"]:  # a trained one was kept
             print(f"note: the base model (step 0, dev {self.base:.2f}) scored above every trained "
                   f"evaluation; kept the best trained one, step {self.best['step']} (--select any "
                   "keeps the base model)")
@@ -545,15 +528,15 @@ def check_config(cfg):
         cfg.json and checkpoint.check_output(cfg.json, ".json")
     except checkpoint.LoadError as e:
         die(e)
+    reads = evaluate.model_inputs("--model", cfg.model)
+    reads += [("--data file", cfg.data)] if cfg.data != "stsb" else []
+    evaluate.check_not_read("--json", cfg.json, reads)
     if Path(cfg.out).exists() and not cfg.overwrite and not cfg.eval_only:
         die(f"--out {cfg.out} exists: pass --overwrite to replace it (it is kept until this run "
             "has a checkpoint of its own), or choose another --out")
 
 
 def main(argv=None):
-    if for_the_lab(sys.argv[1:] if argv is None else argv):  # another method: the lab's trainer
-        from lab import runner
-        return runner.main(argv)
     cfg = get_args(argv)
     check_config(cfg)
     rank, world, device = runtime.init(cfg)

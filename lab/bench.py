@@ -108,7 +108,7 @@ def get_args(argv=None):
     a("--transfer-tasks", type=names_of(data.TRANSFER, "task"), default=data.TRANSFER,
       help="transfer: comma-separated tasks (default: all 7)")
     a("--transfer-config", default="paper", choices=["paper", "simcse"],
-      help="transfer: the classifier (evaluate.py --transfer-config; default: %(default)s)")
+      help="transfer: the classifier (python -m lab.evaluate --transfer-config; default: %(default)s)")
     a("--transfer-pooling", default="cls", choices=POOLINGS, help="transfer: the sentence vector (default: cls)")
     a("--senteval-threads", type=n(1), default=1, help="transfer: torch threads of SentEval's side (default: "
       "%(default)s, its fastest on a 2-core CPU: its steps are too small to share)")

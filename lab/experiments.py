@@ -4,10 +4,10 @@ run over seeds, resumably, and reported as mean +- std over seeds beside the pap
 (EXPERIMENTS, the part a researcher edits) and the command line; sweep.py runs the runs, report.py makes the tables
 (and `report-curve`'s: the curve experiment's rows over several models' folders, by tokens seen in pretraining).
 
-Each run is `python train.py ...` (or `python evaluate.py ...` for an untrained baseline) in a subprocess with a process
-group of its own, writing <out>/<experiment>/<variant>/seed-<s>.{safetensors,json,log} (eval.json for an evaluation,
-fit.json for a fit that no seed changes, such as whitening: both run once). The record (.json) appears, atomically, only
-when the run has finished, and only such a record counts: re-running the same command skips the finished runs, so a
+Each run is `python -m lab.train ...` (or `python -m lab.evaluate ...` for an untrained baseline) in a subprocess
+with a process group of its own, writing <out>/<experiment>/<variant>/seed-<s>.{safetensors,json,log} (eval.json
+for an evaluation, fit.json for a fit that no seed changes, such as whitening: both run once). The record (.json)
+appears, atomically, only when the run has finished, and only such a record counts: re-running the same command skips the finished runs, so a
 killed sweep loses at most the run in flight. A record that is not valid JSON of a run's shape, or that a sweep finds to
 be another run's (other flags or seed, other base weights, another text in its --data file: the table was edited, the
 model replaced, the file rewritten), is named with what to do and left out of the tables, never run over. A run in

@@ -69,7 +69,7 @@ def export(src, out_dir, force=False):
         base = base_name(ck.meta) if ours else cli.model_name(src)
         meta = {**(ck.meta if ours else {}), **({"base_model": base} if base else {})}
         if ours:  # its pooling, template and transform as evaluate.py checks them
-            from lab.evaluations import check_metadata
+            from lab.evaluate import check_metadata
             check_metadata(ck)
         model, tok = Bert.from_checkpoint(ck), bert.tokenizer_of(ck)
         files = folder_files(path, out.name, model, tok, meta, ck.tensors)
@@ -164,7 +164,7 @@ def whitening_dense(path, meta, tensors, pooling, st_pooling):
         return [], {}
     if kind != "whitening":
         raise LoadError(f"{path}: a {kind} checkpoint cannot be exported: sentence-transformers has no module for it "
-                        "(evaluate it with `python evaluate.py --ckpt`)")
+                        "(evaluate it with `python -m lab.evaluate --ckpt`)")
     if st_pooling != pooling:
         raise LoadError(f"{path}: its whitening was fitted on {pooling} vectors, which sentence-transformers cannot "
                         "pool; for an exportable whitening fit one on --pooling mean (or cls)")
@@ -172,7 +172,7 @@ def whitening_dense(path, meta, tensors, pooling, st_pooling):
     mu, W = tensors[p + "mu"].double(), tensors[p + "W"].double()
     if not (torch.isfinite(mu).all() and torch.isfinite(W).all()):
         raise LoadError(f"{path}: its whitening (transform.mu / transform.W) holds NaN or inf; refusing to export it "
-                        "as a Dense layer (fit it again: python train.py --loss whitening)")
+                        "as a Dense layer (fit it again: python -m lab.train --loss whitening)")
     H, K = W.shape
     weights = {"linear.weight": W.T.float().contiguous(), "linear.bias": (-mu @ W).float()}
     return [{"idx": 2, "name": "2", "path": "2_Dense", "type": "sentence_transformers.models.Dense"}], {

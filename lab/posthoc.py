@@ -1,6 +1,7 @@
 """
 Post-hoc maps of sentence vectors, fitted on unlabelled sentences with BERT left as it is: the baselines SG-BERT
-measures itself against (Table 1, Figure 4). train.py --loss whitening | flow fits them; evaluate.py applies them.
+measures itself against (Table 1, Figure 4). python -m lab.train --loss whitening | flow fits them;
+python -m lab.evaluate applies them.
 
 Whitening (Su et al. 2021; bojone/BERT-whitening, compute_kernel_bias): mu = the mean, Sigma = the covariance (ddof 1),
 U S U^T = SVD(Sigma), W = U diag(1 / sqrt(S)); y = (x - mu) W[:, :K]. In float64.

@@ -12,8 +12,8 @@ weights/ and the hub (checkpoint.resolve), and every load checks model.safetenso
 (checkpoint.read_recorded): a damaged copy is one line, not a model that differs from its records.
 
 `check` re-runs the commands of a cheap subset of the model's rows (each exactly as its record ran it, through
-evaluate.py and train.py) and prints each figure beside its record with the difference. The records are found by the
-model's sha256 under results/ (every record names the weights it ran on), so a check never compares one model's
+python -m lab.evaluate and python -m lab.train) and prints each figure beside its record with the difference. The
+records are found by the model's sha256 under results/ (every record names the weights it ran on), so a check never compares one model's
 scores with another's. Only the final model of a pretraining is shipped (an intermediate --keep-at folder is refused):
 the fp32 bytes its records name, and no optimizer state.
 """
@@ -35,7 +35,9 @@ import checkpoint
 import cli
 from cli import die
 
-CODE = Path(__file__).resolve().parents[1]  # the repository root: where evaluate.py and train.py are
+CODE = Path(__file__).resolve().parents[1]  # the repository root: the core and lab/
+ENTRY = {"train.py": "lab.train", "evaluate.py": "lab.evaluate"}  # a key's script -> the lab's entry point (takes all)
+SG_LOSSES = ("opt", "sg", "opt1", "opt2")  # what train.py itself trains (train.LOSSES; train imports torch)
 ROOT = CODE  # what the records' paths are shown relative to
 RESULTS = ROOT / "results"
 FILES = ("config.json", "model.safetensors", "tokenizer.json", "vocab.txt", "pretrain.json")  # what pretrain.py writes
@@ -296,7 +298,7 @@ def card(name, rec, rows):
         seeded = " --seed S" if script == "train.py" and "--loss whitening" not in " ".join(flags) else ""
         row = " ".join([script, *flags]) if flags else f"{script} (SG-OPT: its defaults)"
         lines.append(f"| {row} | {len(avgs)} | {statistics.mean(avgs):.2f}{spread} | {where} | "
-                     f"`python {' '.join([script, '--model', name, *flags])}{seeded}` |")
+                     f"`{' '.join([typed(script, flags), '--model', name, *flags])}{seeded}` |")
     return "\n".join(lines) + "\n"
 
 
@@ -382,11 +384,17 @@ def check(args):
     return 1 if bad else 0
 
 
+def typed(script, flags):
+    """How a reader types a row's run: the core's script for the SG family and STS, else the lab's entry point."""
+    loss = flags[flags.index("--loss") + 1] if "--loss" in flags else "opt"
+    return f"python {script}" if script == "evaluate.py" or loss in SG_LOSSES else f"python -m {ENTRY[script]}"
+
+
 def rerun(args, key, extra, tmp):
     """The record's command on the shipped model (script, flags), its --json read back: the 7-task average."""
     script, *flags = key
     res = tmp.with_suffix(".json")
-    cmd = [sys.executable, str(CODE / script), "--model", args.name, *flags, *extra, "--json", str(res)]
+    cmd = [sys.executable, "-m", ENTRY[script], "--model", args.name, *flags, *extra, "--json", str(res)]
     if script == "train.py":
         cmd += ["--out", str(tmp.with_suffix(".safetensors"))]
     if args.data_dir:
@@ -394,7 +402,8 @@ def rerun(args, key, extra, tmp):
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
     p = subprocess.run(cmd, cwd=CODE, env=env, capture_output=True, text=True)
     if p.returncode != 0:
-        die(f"`{' '.join(cmd[1:])}` failed (exit {p.returncode}): {(p.stderr.strip().splitlines() or ['?'])[-1]}")
+        last = (p.stderr.strip().splitlines() or ["?"])[-1]
+        die(f"`python {' '.join(cmd[1:])}` failed (exit {p.returncode}): {last}")
     return sts_avg(json.loads(res.read_text(encoding="utf-8")))
 
 

@@ -1,12 +1,13 @@
 """
 The engine behind experiments.py: a sweep runs each variant x seed of an experiment (experiments.py's table, passed
-in) once, as `python train.py ...` or `python evaluate.py ...` in a child process, and writes its record; re-run, it
-skips what is finished. What --help of experiments.py promises, and how:
+in) once, as `python -m lab.train ...` or `python -m lab.evaluate ...` in a child process, and writes its record;
+re-run, it skips what is finished. What --help of experiments.py promises, and how:
 
-- A run's identity is a RunKey (model, script and flags, seed, second step). A finished run of another experiment with
-  the same key is copied (same_as), with the per-pair cosines its run keeps made on that run's checkpoint
-  (copied_cosines); one that trained the same model takes only its own second step on that run's checkpoint
-  (trained_as). What a killed run of it left (its log, its checkpoint) never stays beside such a record.
+- A run's identity is a RunKey (model, script and flags, seed, second step). Its script says what the run is,
+  "train.py" (a training) or "evaluate.py" (an evaluation), whichever entry point runs it (ENTRY). A finished run of
+  another experiment with the same key is copied (same_as), with the per-pair cosines its run keeps made on that
+  run's checkpoint (copied_cosines); one that trained the same model takes only its own second step on that run's
+  checkpoint (trained_as). What a killed run of it left (its log, its checkpoint) never stays beside such a record.
 - A record appears only when the run has finished: the child writes a hidden .result.json, the sweep writes the
   record atomically (checkpoint.write_json) from it. Only a valid record of this very run counts (report.read_record,
   then its key and the sha256 of its base weights and --data file: other_run); another run's record at its path is
@@ -37,7 +38,9 @@ from checkpoint import (LoadError, OutputLocked, display_name, file_sha256, outp
 from cli import die, model_name
 from lab.report import bad_record_line, get, needs, number, read_record, report, setting
 
-ROOT = Path(__file__).resolve().parents[1]  # the repository root: where train.py and evaluate.py are
+ROOT = Path(__file__).resolve().parents[1]  # the repository root: the core and lab/
+# a key's script -> the command that runs it: the lab's entry points take the core's methods and flags too
+ENTRY = {"train.py": ["-m", "lab.train"], "evaluate.py": ["-m", "lab.evaluate"]}
 TRAIN_KEYS = ("best_step", "base_dev", "dev", "test", "steps", "stop", "wall_seconds", "test_seconds", "ms_per_step",
               "fit_seconds")  # what a record keeps of train.py's result
 EVAL_FLAGS = {"--device": "--device", "--eval-batch-size": "--batch-size"}  # a sweep's flags that evaluate.py takes
@@ -179,11 +182,10 @@ def commands(run, args, extra, text):
         script, flags = "train.py", [*sweep_flags(extra, lambda f: takes(v, f)), *v.flags, *seed, *data_dir]
     key = RunKey(display_name(args.model), (script, *map(str, flags)), run.seed, tuple(map(str, second)))
     flags = [str(text) if f == TRANSFER_TEXT else f for f in flags]
-    cmd = [sys.executable, str(ROOT / script), "--model", str(args.model), *flags, "--json", str(run.path(".json",
-                                                                                                       ".result"))]
+    cmd = [*entry(script), "--model", str(args.model), *flags, "--json", str(run.path(".json", ".result"))]
     if not v.evaluate_only:
         cmd += ["--out", str(run.path(".safetensors")), "--overwrite", "--eval-all"]
-    then = [sys.executable, str(ROOT / "evaluate.py"), "--ckpt", str(run.path(".safetensors")), *second,
+    then = [*entry("evaluate.py"), "--ckpt", str(run.path(".safetensors")), *second,
             *sweep_flags(extra, rename=EVAL_FLAGS), *data_dir, "--json", str(run.path(".json", ".then"))]
     cosines = ["--cosines-out", str(run.path(".npz", ".cosines"))] if run.cosines else []  # an output: not in the key
     cmd, then = (cmd + cosines, then) if v.evaluate_only else (cmd, then + cosines)  # from evaluate.py's run
@@ -191,6 +193,11 @@ def commands(run, args, extra, text):
         then = [*cosines_command(run, args, extra, run.path(".safetensors"))[:-4], "--json",
                 str(run.path(".json", ".then")), *cosines]
     return key, cmd, then if second or cosines and not v.evaluate_only else None
+
+
+def entry(script):
+    """The command that runs a key's script ("train.py", "evaluate.py"): ENTRY's, with this Python."""
+    return [sys.executable, *ENTRY[script]]
 
 
 def keep_cosines(run):
@@ -210,7 +217,7 @@ def cosines_command(run, args, extra, ckpt=None):
     its variant's flags (--tasks sts last: argparse keeps it)."""
     model = ["--ckpt", str(ckpt)] if ckpt else ["--model", str(args.model), *run.v.flags]
     data_dir = ["--data-dir", args.data_dir] if args.data_dir else []
-    return [sys.executable, str(ROOT / "evaluate.py"), *model, *sweep_flags(extra, rename=EVAL_FLAGS), *data_dir,
+    return [*entry("evaluate.py"), *model, *sweep_flags(extra, rename=EVAL_FLAGS), *data_dir,
             "--tasks", "sts", "--json", str(run.path(".json", ".result")), "--cosines-out",
             str(run.path(".npz", ".cosines"))]
 
@@ -326,21 +333,24 @@ def hashes(cmd):
 
 
 def shown(cmd):
-    """A command as a log and a record show it: the script's name, the model by its own name (cli.model_name: the
-    packaged MiniLM's folder `.../model` as all-MiniLM-L6-v2), never this machine's paths. Only shown: a run's
-    identity (RunKey) names the model as display_name does."""
-    out = [Path(cmd[1]).name, *cmd[2:]]
+    """A command as a log and a record show it: "python -m lab.train" (or "python <script's name>"), the model by its
+    own name (cli.model_name: the packaged MiniLM's folder `.../model` as all-MiniLM-L6-v2), never this machine's
+    paths. Only shown: a run's identity (RunKey) names the model as display_name does."""
+    n = 3 if cmd[1] == "-m" else 2
+    out = [" ".join(["python", *cmd[1:n - 1], Path(cmd[n - 1]).name]), *cmd[n:]]
     return [model_name(x) if i and out[i - 1] == "--model" else x for i, x in enumerate(out)]
 
 
 def run_child(cmd, log):
     """Run cmd with its output to the file log, in a process group of its own (Ctrl-C at the terminal reaches only
-    us; we pass it on), and return its exit status. Interrupted (a signal, Ctrl-C), it stops the group first."""
+    us; we pass it on), and return its exit status. Interrupted (a signal, Ctrl-C), it stops the group first. ROOT
+    leads its import path: `-m lab.train` finds this repository's lab from any folder."""
     proc = None
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
     with open(log, "a") as f:
         try:
             proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True,
-                                    preexec_fn=die_with_parent())
+                                    preexec_fn=die_with_parent(), env=env)
             return proc.wait()
         except BaseException:
             if proc:
@@ -423,7 +433,7 @@ def execute(run, cmd, then, tag, trained=None):
         part.unlink(missing_ok=True)  # what a killed sweep's child left never passes for this child's result
         rc = run_child(c, log)
         if rc == 2:
-            die(f"{last_line(log).removeprefix('error: ')} ({run}: {Path(c[1]).name} refused its input, as every "
+            die(f"{last_line(log).removeprefix('error: ')} ({run}: {shown(c)[0]} refused its input, as every "
                 f"run would; the sweep stops. Log: {log})")
         results.append(read_result(part))
         if rc != 0 or results[-1] is None:

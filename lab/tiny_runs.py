@@ -64,16 +64,24 @@ def world(folder):
     return model_dir
 
 
+def entry(tree, loss):
+    """What trains `loss` in `tree`: its train.py, or for a lab method its lab/train.py where it has one."""
+    if loss != "opt" and (tree / "lab" / "train.py").is_file():
+        return ["-m", "lab.train"]
+    return [str(tree / "train.py")]
+
+
 def train(tree, folder, model_dir, loss):
-    """train.py of `tree` on the tiny world, one thread: the checkpoint's path."""
+    """train.py (or the lab's trainer) of `tree` on the tiny world, one thread: the checkpoint's path."""
     out = folder / f"{tree.name}-{loss}.safetensors"
-    cmd = [sys.executable, str(tree / "train.py"), "--model", str(model_dir), "--loss", loss, "--data",
+    cmd = [sys.executable, *entry(tree, loss), "--model", str(model_dir), "--loss", loss, "--data",
            str(folder / "sents.txt"), "--data-dir", str(folder / "data"), "--out", str(out), "--batch-size", "4",
            "--max-steps", "8", "--eval-every", "3", "--lr", "1e-3", "--device", "cpu", *RUNS[loss]]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONPATH": str(tree)}
     r = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True)
     if r.returncode:
-        cli.die(f"{tree.name}: train.py --loss {loss} failed (exit {r.returncode}): {r.stderr.strip()[-300:]}")
+        cli.die(f"{tree.name}: {Path(cmd[1]).name if cmd[1] != '-m' else cmd[2]} --loss {loss} failed "
+                f"(exit {r.returncode}): {r.stderr.strip()[-300:]}")
     return out
 
 

@@ -6,6 +6,7 @@ import http.server
 import json
 import math
 import os
+import shlex
 import subprocess
 import sys
 import tarfile
@@ -23,7 +24,7 @@ import cli
 import data
 import evaluate
 from data import STSB_FILE, DataError
-from lab import evaluations
+from lab import evaluate as lab_evaluate
 from conftest import tiny_model_folder, save_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -189,7 +190,7 @@ def test_evaluate_sts_vs_pairwise_oracle(tiny_data, tiny_model):
 def test_layerwise_matches_one_encode_per_layer(tiny_data, tiny_model):
     root = tiny_data[0]
     model, tok = bert.Bert.from_pretrained(tiny_model), bert.load_tokenizer(tiny_model)
-    table = evaluations.layerwise(model, tok, root, batch_size=2)  # one forward pass per batch for every layer x pooling
+    table = lab_evaluate.layerwise(model, tok, root, batch_size=2)  # one forward pass per batch for every layer x pooling
     assert set(table) == {"cls", "mean", "max"} and all(len(v) == model.config.num_hidden_layers + 1 for v in table.values())
     s1, s2, gold = data.load_stsb("test", root)
     for p, rhos in table.items():
@@ -229,7 +230,7 @@ def test_cli_json_and_layerwise(tiny_data, tiny_model, tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "STS13" in printed and "SICK-R" in printed and "avg" in printed
 
-    evaluate.main(["--model", str(tiny_model), "--data-dir", str(root), "--json", str(out), "--layerwise"])
+    lab_evaluate.main(["--model", str(tiny_model), "--data-dir", str(root), "--json", str(out), "--layerwise"])
     table = json.loads(out.read_text())["layerwise"]
     model, tok = bert.Bert.from_pretrained(tiny_model), bert.load_tokenizer(tiny_model)
     s1, s2, gold = data.load_stsb("test", root)
@@ -247,7 +248,7 @@ def test_plot_needs_matplotlib(tiny_model, tiny_data, capsys):
     except ImportError:
         pass
     with pytest.raises(SystemExit) as e:
-        evaluate.main(["--model", str(tiny_model), "--data-dir", str(tiny_data[0]), "--layerwise", "--plot", "x.png"])
+        lab_evaluate.main(["--model", str(tiny_model), "--data-dir", str(tiny_data[0]), "--layerwise", "--plot", "x.png"])
     assert e.value.code == 2 and "matplotlib" in capsys.readouterr().err
 
 # -----------------------------------------------------------------------------
@@ -488,23 +489,23 @@ def test_a_checkpoint_is_evaluated_with_its_recorded_pooling(tiny_data, tiny_mod
 def test_pca_2d_is_sklearns_pca_up_to_sign():
     decomposition = pytest.importorskip("sklearn.decomposition")
     x = np.random.default_rng(0).normal(size=(40, 12)) * np.arange(1, 13)
-    ours, theirs = evaluations.pca_2d(x), decomposition.PCA(2).fit_transform(x)
+    ours, theirs = lab_evaluate.pca_2d(x), decomposition.PCA(2).fit_transform(x)
     np.testing.assert_allclose(np.abs(ours), np.abs(theirs), atol=1e-8)
 
 
 def test_pairs_2d_takes_the_first_gold_5_and_gold_0_pairs(tiny_model, monkeypatch):
     gold = np.array([5.0, 2.0, 0.0, 5.0, 0.0, 5.0, 0.0, 1.0])
     s1, s2 = [f"w{i} x{i}" for i in range(8)], [f"x{i} w{9 - i}" for i in range(8)]
-    monkeypatch.setattr(evaluations, "load_stsb", lambda split, d: (s1, s2, gold))
+    monkeypatch.setattr(lab_evaluate, "load_stsb", lambda split, d: (s1, s2, gold))
     model, tok = bert.Bert.from_pretrained(tiny_model), bert.load_tokenizer(tiny_model)
-    pos, neg = evaluations.sts_pairs_2d(evaluate.sentence_vectors(model, tok, "mean"), None, n=2)
+    pos, neg = lab_evaluate.sts_pairs_2d(evaluate.sentence_vectors(model, tok, "mean"), None, n=2)
     idx = [0, 3, 2, 4]  # the first two of each
     v = bert.encode(model, tok, [s1[i] for i in idx] + [s2[i] for i in idx], pooling="mean")
-    xy = evaluations.pca_2d(v / np.linalg.norm(v, axis=1, keepdims=True))
+    xy = lab_evaluate.pca_2d(v / np.linalg.norm(v, axis=1, keepdims=True))
     np.testing.assert_allclose(pos, np.stack([xy[[0, 4]], xy[[1, 5]]]), atol=1e-10)
     np.testing.assert_allclose(neg, np.stack([xy[[2, 6]], xy[[3, 7]]]), atol=1e-10)
     with pytest.raises(data.DataError, match="the plot needs 4 each"):
-        evaluations.sts_pairs_2d(evaluate.sentence_vectors(model, tok, "mean"), None, n=4)
+        lab_evaluate.sts_pairs_2d(evaluate.sentence_vectors(model, tok, "mean"), None, n=4)
 
 
 @pytest.mark.parametrize("flags, message", [(["--pairs-plot", "f.png"], "give --ckpt"),
@@ -512,7 +513,7 @@ def test_pairs_2d_takes_the_first_gold_5_and_gold_0_pairs(tiny_model, monkeypatc
                                             (["--json", "r.txt"], "ending in .json")])
 def test_pairs_plot_and_output_flags_are_checked_first(tiny_model, tiny_data, capsys, flags, message):
     with pytest.raises(SystemExit) as e:
-        evaluate.main(["--model", str(tiny_model), "--data-dir", str(tiny_data[0]), *flags])
+        lab_evaluate.main(["--model", str(tiny_model), "--data-dir", str(tiny_data[0]), *flags])
     assert e.value.code == 2 and message in capsys.readouterr().err
 
 # -----------------------------------------------------------------------------
@@ -522,13 +523,13 @@ def test_pairs_plot_and_output_flags_are_checked_first(tiny_model, tiny_data, ca
 def test_wk_pooling_cli_equals_wk_pool(tiny_model, tiny_data, tmp_path):
     root = tiny_data[0]
     out = tmp_path / "wk.json"
-    r = run_cli("evaluate.py", "--model", str(tiny_model), "--pooling", "wk", "--wk-layer-start", "0", "--tasks",
+    r = run_cli("-m", "lab.evaluate", "--model", str(tiny_model), "--pooling", "wk", "--wk-layer-start", "0", "--tasks",
                 "STSBenchmark", "--data-dir", str(root), "--json", str(out), "--device", "cpu")
     assert r.returncode == 0, r.stderr
     got = json.loads(out.read_text())
     assert got["wk"] == {"layer_start": 0, "window": 2} and got["pooling"] == "wk"
     model, tok = bert.Bert.from_pretrained(tiny_model), bert.load_tokenizer(tiny_model)
-    vectors = evaluations.sentence_vectors(model, tok, "wk", wk_args=(0, 2))
+    vectors = lab_evaluate.sentence_vectors(model, tok, "wk", wk_args=(0, 2))
     assert got["sts"]["STSBenchmark"]["all"] == pytest.approx(evaluate.stsb_spearman(vectors, root, "test"), abs=1e-9)
 
 
@@ -540,7 +541,7 @@ def test_wk_pooling_cli_equals_wk_pool(tiny_model, tiny_data, tmp_path):
     (["--pooling", "wk", "--layer", "1"], "--layer means nothing with --pooling wk"),
 ])
 def test_wk_flags_are_checked(tiny_model, tiny_data, flags, message):
-    r = run_cli("evaluate.py", "--model", str(tiny_model), "--data-dir", str(tiny_data[0]), *flags)
+    r = run_cli("-m", "lab.evaluate", "--model", str(tiny_model), "--data-dir", str(tiny_data[0]), *flags)
     assert_one_line_error(r, message)
 
 
@@ -556,7 +557,7 @@ def test_pairs_file_scored_like_a_task(tiny_model, tmp_path):
                                 bert.encode(model, tok, [a for a, _, _ in rows] + [b for _, b, _ in rows]))}
     want = 100 * spearmanr([evaluate.cosine(enc[a][None], enc[b][None])[0] for a, b, _ in rows],
                            [y for _, _, y in rows]).statistic
-    res = evaluate.main(["--model", str(tiny_model), "--pairs", str(tsv), str(csv_), "--device", "cpu"])
+    res = lab_evaluate.main(["--model", str(tiny_model), "--pairs", str(tsv), str(csv_), "--device", "cpu"])
     assert res["sts"]["mine.tsv"]["all"] == pytest.approx(want, abs=1e-6)
     assert res["sts"]["mine.csv"]["all"] == pytest.approx(want, abs=1e-6)
     assert set(res["sts"]) == {"mine.tsv", "mine.csv", *evaluate.SUMMARY}
@@ -570,7 +571,7 @@ def test_pairs_file_scored_like_a_task(tiny_model, tmp_path):
 ])
 def test_pairs_file_bad_rows_named_by_line(tiny_model, tmp_path, text, message):
     (tmp_path / "mine.tsv").write_text(text)
-    r = run_cli("evaluate.py", "--model", str(tiny_model), "--pairs", str(tmp_path / "mine.tsv"))
+    r = run_cli("-m", "lab.evaluate", "--model", str(tiny_model), "--pairs", str(tmp_path / "mine.tsv"))
     assert_one_line_error(r, message)
 
 
@@ -617,7 +618,7 @@ WHITENING = {"kind": "whitening", "dim": 32}
 ])
 def test_checkpoint_metadata_is_checked_against_its_schema(tiny_model, tiny_data, tmp_path, meta, tensors, message):
     ckpt = whitened_ckpt(tiny_model, tmp_path / "c.safetensors", tensors, **meta)
-    r = run_cli("evaluate.py", "--ckpt", str(ckpt), "--data-dir", str(tiny_data[0]), "--tasks", "STS13")
+    r = run_cli("-m", "lab.evaluate", "--ckpt", str(ckpt), "--data-dir", str(tiny_data[0]), "--tasks", "STS13")
     last = assert_one_line_error(r, message, str(ckpt))
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, last
 
@@ -627,7 +628,7 @@ def test_a_well_formed_whitening_checkpoint_is_scored(tiny_model, tiny_data, tmp
                          args={"pooling": "mean"}, transform=WHITENING)
     plain = tiny_ckpt(tiny_model, tmp_path / "p.safetensors", pooling="mean")
     common = ["--data-dir", str(tiny_data[0]), "--tasks", "STS13"]
-    score = [evaluate.main(["--ckpt", str(c), *common])["sts"]["STS13"] for c in (ckpt, plain)]
+    score = [lab_evaluate.main(["--ckpt", str(c), *common])["sts"]["STS13"] for c in (ckpt, plain)]
     assert score[0] == score[1]  # the identity map: the plain checkpoint's numbers
 
 
@@ -653,7 +654,7 @@ def test_one_evaluation_opens_the_checkpoint_once(tiny_model, tiny_data, tmp_pat
     monkeypatch.setattr(io, "open", counting(io.open))  # Path.open and Path.read_bytes
     monkeypatch.setattr(safetensors, "safe_open", counting(safetensors.safe_open))
     monkeypatch.setattr(safetensors.torch, "load_file", counting(safetensors.torch.load_file))
-    r = evaluate.main(["--ckpt", str(ckpt), "--data-dir", str(tiny_data[0]), "--tasks", "STS13", "--pooling", "mean"])
+    r = lab_evaluate.main(["--ckpt", str(ckpt), "--data-dir", str(tiny_data[0]), "--tasks", "STS13", "--pooling", "mean"])
     assert len(opened) == 1, opened
     assert r["model_sha256"] == checkpoint.file_sha256(ckpt) and r["sts"]["STS13"]["all"] == r["sts"]["avg"]["all"]
 
@@ -677,8 +678,8 @@ def test_pairs_out_and_json_hold_every_pair_and_same_names_stay_apart(tiny_model
     a = write_pairs(tmp_path / "a" / "test.tsv", PAIR_ROWS)
     b = write_pairs(tmp_path / "b" / "test.tsv", PAIR_ROWS[::-1][:3])
     out, js = tmp_path / "pairs.tsv", tmp_path / "r.json"
-    res = evaluate.main(["--model", str(tiny_model), "--pairs", str(a), str(b), "--pairs-out", str(out), "--json",
-                         str(js), "--device", "cpu"])
+    res = lab_evaluate.main(["--model", str(tiny_model), "--pairs", str(a), str(b), "--pairs-out", str(out), "--json",
+                             str(js), "--device", "cpu"])
     assert {"a/test.tsv", "b/test.tsv"} <= set(res["sts"])
     model, tok = bert.Bert.from_pretrained(tiny_model), bert.load_tokenizer(tiny_model)
     with out.open(newline="") as f:
@@ -703,8 +704,8 @@ def test_pairs_out_and_json_hold_every_pair_and_same_names_stay_apart(tiny_model
 
 def test_one_pairs_file_prints_one_line(tiny_model, tmp_path, capsys):
     mine = write_pairs(tmp_path / "mine.tsv", PAIR_ROWS)
-    res = evaluate.main(["--model", str(tiny_model), "--pairs", str(mine), str(tmp_path / "." / "mine.tsv"),
-                         "--device", "cpu"])  # the same file twice: scored once
+    res = lab_evaluate.main(["--model", str(tiny_model), "--pairs", str(mine), str(tmp_path / "." / "mine.tsv"),
+                             "--device", "cpu"])  # the same file twice: scored once
     out = capsys.readouterr().out
     r = res["sts"]["mine.tsv"]
     lines = [x for x in out.splitlines() if x.startswith("mine.tsv")]
@@ -718,7 +719,7 @@ def test_constant_cosines_give_undefined_not_a_number(tiny_model, tmp_path, caps
     the file's fault: refused, test_constant_gold_scores_are_refused_naming_the_file.)"""
     rows = [(a, a, y) for a, _, y in PAIR_ROWS]
     mine, js = write_pairs(tmp_path / "mine.tsv", rows), tmp_path / "r.json"
-    res = evaluate.main(["--model", str(tiny_model), "--pairs", str(mine), "--json", str(js), "--device", "cpu"])
+    res = lab_evaluate.main(["--model", str(tiny_model), "--pairs", str(mine), "--json", str(js), "--device", "cpu"])
     assert math.isnan(res["sts"]["mine.tsv"]["all"]) and math.isnan(res["sts"]["mine.tsv"]["pearson"])
     assert "mine.tsv: Spearman undefined | Pearson undefined | n 5" in capsys.readouterr().out
     got = json.loads(js.read_text())
@@ -735,14 +736,14 @@ def test_pairs_flags_are_checked_first(tiny_model, tmp_path, capsys, flags, mess
     mine = write_pairs(tmp_path / "mine.tsv", PAIR_ROWS)
     fill = lambda x: x.format(mine=mine, tmp=tmp_path)
     with pytest.raises(SystemExit) as e:
-        evaluate.main(["--model", str(tiny_model), *map(fill, flags), "--device", "cpu"])
+        lab_evaluate.main(["--model", str(tiny_model), *map(fill, flags), "--device", "cpu"])
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.startswith(f"error: {fill(message)}") and err.count("\n") == 1, err
 
 
 def test_wk_on_a_one_layer_model_is_one_line(tmp_path, tiny_config, tiny_data):
     model = tiny_model_folder(tmp_path / "one-layer", dict(tiny_config, num_hidden_layers=1), ["a", "man"])
-    r = run_cli("evaluate.py", "--model", str(model), "--pooling", "wk", "--data-dir", str(tiny_data[0]),
+    r = run_cli("-m", "lab.evaluate", "--model", str(model), "--pooling", "wk", "--data-dir", str(tiny_data[0]),
                 "--tasks", "STS13")
     assert_one_line_error(r, "--pooling wk", "at least three hidden states")
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
@@ -764,7 +765,7 @@ def test_an_output_that_is_an_input_is_refused_and_nothing_is_touched(tiny_model
     fill = lambda x: x.format(mine=mine, tmp=tmp_path, model=tiny_model)
     before = {f: f.read_bytes() for f in (mine, tiny_model / "config.json")}
     with pytest.raises(SystemExit) as e:
-        evaluate.main(["--model", str(tiny_model), *map(fill, flags), "--device", "cpu"])
+        lab_evaluate.main(["--model", str(tiny_model), *map(fill, flags), "--device", "cpu"])
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.count("\n") == 1 and err.startswith(f"error: {fill(flags[-2])} {fill(flags[-1])} "
                                                                          "is the "), err
@@ -782,7 +783,7 @@ def test_a_write_error_names_the_file_it_could_not_write(tiny_model, tmp_path, c
     monkeypatch.setattr(os, "fsync", full)
     fill = lambda x: x.format(tmp=tmp_path)
     with pytest.raises(SystemExit) as e:
-        evaluate.main(["--model", str(tiny_model), "--pairs", str(mine), *map(fill, flags), "--device", "cpu"])
+        lab_evaluate.main(["--model", str(tiny_model), "--pairs", str(mine), *map(fill, flags), "--device", "cpu"])
     err = capsys.readouterr().err
     assert e.value.code == 1 and err.splitlines()[-1] == f"error: cannot write {fill(fails)} (No space left on " \
                                                          "device); the results above were not saved", err
@@ -792,7 +793,7 @@ def test_a_write_error_names_the_file_it_could_not_write(tiny_model, tmp_path, c
 def test_constant_gold_scores_are_refused_naming_the_file(tiny_model, tmp_path):
     """Every gold score the same: the Spearman is undefined, refused like a one-pair file (not 'nan', exit 0)."""
     mine = write_pairs(tmp_path / "mine.tsv", [(a, b, 2.0) for a, b, _ in PAIR_ROWS])
-    r = run_cli("evaluate.py", "--model", str(tiny_model), "--pairs", str(mine), "--device", "cpu")
+    r = run_cli("-m", "lab.evaluate", "--model", str(tiny_model), "--pairs", str(mine), "--device", "cpu")
     assert_one_line_error(r, str(mine), "every gold score is 2.0")
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
 
@@ -803,9 +804,9 @@ def pairs_plot_run(tiny_model, tiny_data, tmp_path, monkeypatch):
     (a value, or absent); the plot itself faked (no matplotlib needed): -> (titles of the panels, or the SystemExit)."""
     import types
     monkeypatch.setitem(sys.modules, "matplotlib", types.ModuleType("matplotlib"))
-    monkeypatch.setattr(evaluations, "sts_pairs_2d", lambda vectors, data_dir: (vectors(["w1 x1"]), None))
+    monkeypatch.setattr(lab_evaluate, "sts_pairs_2d", lambda vectors, data_dir: (vectors(["w1 x1"]), None))
     drawn = {}
-    monkeypatch.setattr(evaluations, "plot_pairs", lambda panels, path: drawn.update(panels=list(panels), path=path))
+    monkeypatch.setattr(lab_evaluate, "plot_pairs", lambda panels, path: drawn.update(panels=list(panels), path=path))
 
     def run(**sha):
         model, tok = bert.Bert.from_pretrained(tiny_model), bert.load_tokenizer(tiny_model)
@@ -813,8 +814,8 @@ def pairs_plot_run(tiny_model, tiny_data, tmp_path, monkeypatch):
         save_model(ckpt, model, {"tokenizer": tok.to_str(), "base_model": "tiny-bert",
                                  "args": {"model": str(tiny_model)}, **sha})
         try:
-            evaluate.main(["--ckpt", str(ckpt), "--data-dir", str(tiny_data[0]), "--pairs-plot",
-                           str(tmp_path / "fig.png"), "--device", "cpu"])
+            lab_evaluate.main(["--ckpt", str(ckpt), "--data-dir", str(tiny_data[0]), "--pairs-plot",
+                               str(tmp_path / "fig.png"), "--device", "cpu"])
         except SystemExit as e:
             return e
         return drawn["panels"]
@@ -861,7 +862,7 @@ def test_precision_bf16_reaches_every_encoding_and_is_recorded(tiny_data, tiny_m
     for task in ("STS13", "SICKRelatedness"):  # the tiny random model's vectors barely move in bf16
         assert bf16["sts"][task]["all"] == pytest.approx(fp32["sts"][task]["all"], abs=1.0)
     seen.clear()
-    evaluate.main([*common, "--layerwise", "--precision", "bf16"])
+    lab_evaluate.main([*common, "--layerwise", "--precision", "bf16"])
     assert set(seen) == {"bf16"}
 
 
@@ -898,7 +899,7 @@ def test_the_tables_header_names_a_folder_named_model_by_its_real_name(tmp_path,
     for card, want in [(None, "gt_tiny"), ("---\ntags:\n- x\n---\n\n# tiny-st-v1\n\nA card.\n", "tiny-st-v1")]:
         if card:
             (folder / "README.md").write_text(card)
-        evaluate.main(["--model", str(folder), "--pairs", str(pairs), "--device", "cpu"])
+        lab_evaluate.main(["--model", str(folder), "--pairs", str(pairs), "--device", "cpu"])
         head = [line for line in capsys.readouterr().out.splitlines() if line.startswith("your pairs")]
         assert head and head[0].startswith(f"your pairs, x100 | {want} | pooling cls"), head
 
@@ -921,18 +922,22 @@ def test_without_shipped_models_the_unreachable_hub_name_says_how_to_make_one(ti
         assert err.endswith(end) and "shipped" not in err, err
 
 # -----------------------------------------------------------------------------
-# the core (evaluate.py) and the lab (lab/evaluations.py): what the core evaluates alone, what it hands over
+# the core (evaluate.py) and the lab (python -m lab.evaluate): what the core evaluates alone, what it refuses
 
 
-@pytest.mark.parametrize("flags, message", [
-    (["--model", "{m}", "--pooling", "bogus"], "argument --pooling: invalid choice: 'bogus'"),
-    (["--model", "{m}", "--tasks"], "argument --tasks: expected at least one argument"),
-    (["--tasks", "STS12"], "one of the arguments --model --ckpt is required"),
-    (["--model", "{m}", "--lay", "1"], "ambiguous option: --lay could match --layer, --layerwise"),  # the lab's
-    (["--model", "{m}", "--layerwise", "--bogus"], "unrecognized arguments: --bogus"),
+@pytest.mark.parametrize("script, flags, message", [
+    ("evaluate.py", ["--model", "{m}", "--pooling", "bogus"], "--pooling bogus: evaluate.py pools cls, mean"),
+    ("evaluate.py", ["--model", "{m}", "--tasks"], "argument --tasks: expected at least one argument"),
+    ("evaluate.py", ["--tasks", "STS12"], "one of the arguments --model --ckpt is required"),
+    ("evaluate.py", ["--model", "{m}", "--lay", "1"], "--lay: write the flag whole (abbreviations are not read)"),
+    ("evaluate.py", ["--model", "{m}", "--p", "cls"], "--p: write the flag whole"),
+    ("lab.evaluate", ["--model", "{m}", "--lay", "1"], "--lay: write the flag whole"),
+    ("lab.evaluate", ["--model", "{m}", "--layerwise", "--bogus"], "unrecognized flag --bogus"),
+    ("lab.evaluate", ["--model", "{m}", "--pooling", "bogus"], "argument --pooling: invalid choice: 'bogus'"),
 ])
-def test_a_usage_error_is_one_line_not_the_whole_usage(tiny_model, flags, message):
-    r = run_cli("evaluate.py", *[f.format(m=tiny_model) for f in flags])
+def test_a_usage_error_is_one_line_not_the_whole_usage(tiny_model, script, flags, message):
+    entry = ["-m", script] if script.startswith("lab.") else [script]
+    r = run_cli(*entry, *[f.format(m=tiny_model) for f in flags])
     assert_one_line_error(r, message)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
 
@@ -941,8 +946,8 @@ def test_pairs_with_cosines_out_and_no_tasks_writes_the_7_sts_tasks(tiny_data, t
     """--pairs F --cosines-out C without --tasks: the 7 STS tasks' cosines (what --cosines-out says), beside F."""
     root, out = tiny_data[0], tmp_path / "c.npz"
     mine = write_pairs(tmp_path / "mine.tsv", PAIR_ROWS)
-    res = evaluate.main(["--model", str(tiny_model), "--pairs", str(mine), "--cosines-out", str(out),
-                         "--data-dir", str(root), "--device", "cpu"])
+    res = lab_evaluate.main(["--model", str(tiny_model), "--pairs", str(mine), "--cosines-out", str(out),
+                             "--data-dir", str(root), "--device", "cpu"])
     assert set(res["sts"]) == {*data.TASKS, "mine.tsv", *evaluate.SUMMARY} and len(res["pairs"]) == 5
     model, tok = bert.Bert.from_pretrained(tiny_model), bert.load_tokenizer(tiny_model)
     want = {}
@@ -977,39 +982,62 @@ def test_the_core_evaluates_a_plain_model_without_importing_the_lab(tiny_data, t
     assert r.stdout.strip().splitlines()[-1] == "lab modules: []", r.stdout[-500:]
     assert "STS13" in r.stdout and "SICK-R" in r.stdout
     core = json.loads(out.read_text())
-    lab = evaluations.main([*argv[:-2], "--json", str(tmp_path / "lab.json")])
+    lab = lab_evaluate.main([*argv[:-2], "--json", str(tmp_path / "lab.json")])
     for task in ("STS13", "SICKRelatedness"):
         assert core["sts"][task] == pytest.approx(lab["sts"][task], abs=1e-12)
     assert {k: v for k, v in core.items() if k != "sts"} == {k: v for k, v in lab.items() if k != "sts"}
 
 
 @pytest.mark.parametrize("flags", [
-    ["--layerwise"], ["--layerw"], ["--lay", "1"], ["--plot", "p.png"], ["--pairs", "f.tsv"], ["--pairs-out=o.tsv"],
-    ["--pairs-plot", "f.png"], ["--cosines-out", "c.npz"], ["--template", "[X] [MASK]"], ["--wk-window", "2"],
-    ["--wk-layer-start", "0"], ["--transfer-config", "simcse"], ["--pooling", "wk"], ["--pooling=prompt"],
-    ["--tasks", "transfer"], ["--tasks", "all"], ["--tasks", "STS12", "CR"],
+    ["--layerwise"], ["--plot", "p.png"], ["--pairs", "f.tsv"], ["--pairs-out=o.tsv"], ["--pairs-plot", "f.png"],
+    ["--cosines-out", "c.npz"], ["--template", "[X] [MASK]"], ["--wk-window", "2"], ["--wk-layer-start", "0"],
+    ["--transfer-config", "simcse"], ["--pooling", "wk"], ["--pooling=prompt"], ["--tasks", "transfer"],
+    ["--tasks", "all"], ["--tasks", "STS12", "CR"],
 ])
-def test_a_command_line_that_asks_for_the_lab_is_handed_over_whole(tiny_model, monkeypatch, flags):
-    got = []
-    monkeypatch.setattr(evaluations, "main", lambda argv=None, ck=None: got.append((argv, ck)) or "the lab's")
+def test_the_core_refuses_the_labs_flags_in_one_line_that_gives_the_labs_command(tiny_model, capsys, monkeypatch,
+                                                                                flags):
+    """Before any read, one line ending in the lab's command for the same command line, which the lab parses."""
+    monkeypatch.setattr(checkpoint, "load", lambda *a, **k: pytest.fail("the model was read"))
     argv = ["--model", str(tiny_model), *flags]
-    assert evaluate.main(argv) == "the lab's" and got == [(argv, None)]  # before any read: the lab reads it
+    with pytest.raises(SystemExit) as e:
+        evaluate.main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and len(err.strip().splitlines()) == 1, err
+    assert err.strip().endswith("; the lab's: python -m lab.evaluate " + shlex.join(argv)), err
+    assert lab_evaluate.get_args(argv).model == str(tiny_model)
 
 
-def test_a_checkpoint_of_the_lab_is_handed_over_with_the_cores_one_read(tiny_model, tiny_data, tmp_path,
-                                                                       monkeypatch):
-    """A fitted transform, a template, or a pooling the core does not make: the lab's, with the file as the core
-    read it (read once); a plain checkpoint stays in the core."""
-    got = []
-    monkeypatch.setattr(evaluations, "main", lambda argv=None, ck=None: got.append(ck) or "the lab's")
-    ckpts = [whitened_ckpt(tiny_model, tmp_path / "w.safetensors", pooling="mean", method="whitening",
-                           args={"pooling": "mean"}, transform=WHITENING),
-             whitened_ckpt(tiny_model, tmp_path / "t.safetensors", pooling="mean"),  # tensors, no 'transform'
-             tiny_ckpt(tiny_model, tmp_path / "p.safetensors", pooling="prompt", template="[X] means [MASK] ."),
-             tiny_ckpt(tiny_model, tmp_path / "x.safetensors", pooling="first-lats")]
+def test_a_checkpoint_of_the_lab_is_refused_with_the_labs_command(tiny_model, tiny_data, tmp_path, capsys):
+    """A fitted transform, a template, or a pooling the core does not make: one line with the lab's command (which
+    evaluates the first three); a plain checkpoint stays in the core."""
+    ckpts = {"holds a fitted transform": whitened_ckpt(tiny_model, tmp_path / "w.safetensors", pooling="mean",
+                                                       method="whitening", args={"pooling": "mean"},
+                                                       transform=WHITENING),
+             "holds a fitted transform ": whitened_ckpt(tiny_model, tmp_path / "t.safetensors", pooling="mean"),
+             "records a template": tiny_ckpt(tiny_model, tmp_path / "p.safetensors", pooling="prompt",
+                                             template="[X] means [MASK] ."),
+             "records pooling 'first-lats'": tiny_ckpt(tiny_model, tmp_path / "x.safetensors", pooling="first-lats")}
     common = ["--data-dir", str(tiny_data[0]), "--tasks", "STS13", "--device", "cpu"]
-    for c in ckpts:
-        assert evaluate.main(["--ckpt", str(c), *common]) == "the lab's"
-        assert Path(got[-1].path).resolve() == c.resolve() and got[-1].sha256 == checkpoint.file_sha256(c)
+    for what, c in ckpts.items():
+        with pytest.raises(SystemExit) as e:
+            evaluate.main(["--ckpt", str(c), *common])
+        err = capsys.readouterr().err.strip()
+        assert e.value.code == 2 and len(err.splitlines()) == 1, err
+        assert err.startswith(f"error: --ckpt {c} {what.strip()}, which evaluate.py does not make; the lab's: "
+                              f"python -m lab.evaluate --ckpt {c} "), err
+    assert lab_evaluate.main(["--ckpt", str(ckpts["records a template"]), *common])["pooling"] == "prompt"
     plain = tiny_ckpt(tiny_model, tmp_path / "c.safetensors", pooling="mean")
-    assert evaluate.main(["--ckpt", str(plain), *common])["pooling"] == "mean" and len(got) == len(ckpts)
+    assert evaluate.main(["--ckpt", str(plain), *common])["pooling"] == "mean"
+
+
+def test_a_ckpt_typo_names_the_close_match(tmp_path, tiny_model, capsys, monkeypatch):
+    """Issue 86: --ckpt quickstrat.safetensors beside quickstart.safetensors named only how to train a new one."""
+    tiny_ckpt(tiny_model, tmp_path / "quickstart.safetensors", pooling="cls")
+    monkeypatch.chdir(tmp_path)
+    for given, near in (("quickstrat.safetensors", "quickstart.safetensors"),
+                        (str(tmp_path / "quickstrat.safetensors"), str(tmp_path / "quickstart.safetensors"))):
+        with pytest.raises(SystemExit) as e:
+            evaluate.main(["--ckpt", given])
+        err = capsys.readouterr().err.strip()
+        assert e.value.code == 2 and len(err.splitlines()) == 1 and err.endswith(f"; did you mean {near}?"), err
+        assert "python train.py" not in err

@@ -1,5 +1,6 @@
-"""experiments.py. On the tiny BERT: a sweep runs real train.py / evaluate.py runs, resumes after a kill without
-re-running finished runs, shares identical runs across experiments, and its report equals numpy over the run files.
+"""experiments.py. On the tiny BERT: a sweep runs real runs (python -m lab.train, python -m lab.evaluate), resumes
+after a kill without re-running finished runs, shares identical runs across experiments, and its report equals numpy
+over the run files.
 With fake train.py / evaluate.py scripts (fast): bad records, failing runs, usage errors, signals, locks, two
 sweeps at once, bad flags, and the tables of Table 4, Table 6 and Figure 4 from their records."""
 import contextlib
@@ -73,9 +74,10 @@ def test_sweep_resumes_after_a_kill_and_reports_numpy_means(real_sweep, monkeypa
 
     monkeypatch.setattr(sweep, "run_child", lambda c, log: real_sweep["calls"].append(c) or real_sweep["real"](c, log))
     experiments.main(["tiny", *real_sweep["argv"]])
-    ran = [(Path(c[1]).name, c[c.index("--seed") + 1] if "--seed" in c else None) for c in real_sweep["calls"]]
-    assert ran == [("evaluate.py", None), ("train.py", "2"), ("train.py", "2")]  # only what was missing
-    assert real_sweep["calls"][0][6:10] == ["--device", "cpu", "--batch-size", "512"]  # as the sweep's train.py runs
+    ran = [(c[2], c[c.index("--seed") + 1] if "--seed" in c else None) for c in real_sweep["calls"]]
+    assert ran == [("lab.evaluate", None), ("lab.train", "2"), ("lab.train", "2")]  # only what was missing
+    assert real_sweep["calls"][0][1:3] == ["-m", "lab.evaluate"]  # the lab's entry points run every run
+    assert real_sweep["calls"][0][7:11] == ["--device", "cpu", "--batch-size", "512"]  # as the sweep's train.py runs
 
     summary = json.loads((out / "results.json").read_text())["variants"]
     for v in ("base", "sg"):
@@ -234,6 +236,7 @@ def fake(tmp_path, monkeypatch, shared_data):
     for script in ("train.py", "evaluate.py"):
         (root / script).write_text(FAKE)
     monkeypatch.setattr(sweep, "ROOT", root)
+    monkeypatch.setattr(sweep, "ENTRY", {s: [str(root / s)] for s in ("train.py", "evaluate.py")})
     log = tmp_path / "calls.jsonl"
     monkeypatch.setenv("FAKE_LOG", str(log))
     out = tmp_path / "runs"
@@ -331,7 +334,7 @@ def test_a_failed_run_gives_exit_1_and_a_summary_line_with_progress(fake, monkey
         experiments.main(["t", *fake.argv])
     out = capsys.readouterr().out
     assert e.value.code == 1
-    assert "[1/5 | 0.0 min] t/ok/seed-1: train.py --model m --score 75 --seed 1" in out
+    assert "[1/5 | 0.0 min] t/ok/seed-1: python train.py --model m --score 75 --seed 1" in out
     assert "t/ok/seed-1: done in 0.0 min | STS avg 78.10" in out
     assert "t/boom/seed-1: failed (exit 1): RuntimeError: boom | log: " in out
     last = out.strip().splitlines()[-1]
@@ -349,7 +352,7 @@ def test_a_usage_error_stops_the_sweep_at_once(fake, monkeypatch, capsys):
         experiments.main(["t", *fake.argv])
     err = capsys.readouterr().err.strip().splitlines()
     assert e.value.code == 2 and len(fake.calls()) == 1
-    assert err[-1].startswith("error: --usage-error means nothing here (t/a/seed-1: train.py refused its input")
+    assert err[-1].startswith("error: --usage-error means nothing here (t/a/seed-1: python train.py refused its input")
     assert not list(fake.out.rglob(".*.lock"))
 
 
@@ -448,7 +451,7 @@ def test_a_run_held_by_a_live_process_is_left_with_no_wait_and_waited_for_withou
         experiments.main(["t", *fake.argv])  # exit status 0: it waited
         th.join()
         assert capsys.readouterr().out.strip().splitlines()[-1] == f"t: 2 runs: 1 already finished, {said}"
-    assert json.loads(record_path.read_text())["command"][0] == "train.py"  # the dead owner's run, run here
+    assert json.loads(record_path.read_text())["command"][0] == "python train.py"  # the dead owner's run, run here
 
 
 def test_a_record_of_another_run_at_a_runs_path_is_never_reported_as_its(fake, monkeypatch, capsys):
@@ -534,6 +537,7 @@ def driver(fake, exp, *argv):
             "signal.signal(signal.SIGINT, signal.default_int_handler); signal.signal(signal.SIGHUP, signal.SIG_DFL); "
             "from lab import experiments as x, sweep; "
             "sweep.ROOT = Path(sys.argv[2]); "
+            "sweep.ENTRY = {s: [str(sweep.ROOT / s)] for s in ('train.py', 'evaluate.py')}; "
             "x.EXPERIMENTS = {'t': x.Experiment('test', [x.Variant(**v) for v in json.loads(sys.argv[3])])}; "
             "x.main(sys.argv[4:])")
     return [sys.executable, "-c", code, str(Path(experiments.__file__).parents[1]), str(fake.root), json.dumps(exp),
@@ -628,7 +632,7 @@ def test_table4_records_hold_the_transfer_results(fake, capsys):
     experiments.main(["table4", *fake.argv, "--seeds", "1"])
     t = fake.out / "table4"
     sg = json.loads((t / "sg-opt/seed-1.json").read_text())
-    assert sg["then"][:4] == ["evaluate.py", "--ckpt", str(t / "sg-opt/seed-1.safetensors"), "--tasks"]
+    assert sg["then"][:4] == ["python evaluate.py", "--ckpt", str(t / "sg-opt/seed-1.safetensors"), "--tasks"]
     assert sg["transfer"]["MR"]["acc"] == 81.0 and sg["train"]["wall_seconds"] == 61.0
     assert json.loads((t / "wk/eval.json").read_text())["transfer"]["avg"] == 83.0
     out = capsys.readouterr().out
@@ -649,7 +653,7 @@ def test_a_model_trained_elsewhere_only_takes_its_own_second_step(fake, capsys):
     one, t1 = (json.loads((fake.out / f"{e}/sg-opt/seed-1.json").read_text()) for e in ("table4", "table1"))
     assert one["trained_as"] == "table1/sg-opt/seed-1.json" and one["train"] == t1["train"] and one["sts"] == t1["sts"]
     assert one["transfer"]["MR"]["acc"] == 81.0 and one["key"] != t1["key"] and "then" not in json.loads(t1["key"])[1]
-    assert one["then"][:3] == ["evaluate.py", "--ckpt", ckpts[0]]  # the record names the checkpoint it evaluated
+    assert one["then"][:3] == ["python evaluate.py", "--ckpt", ckpts[0]]  # the record names the checkpoint it evaluated
     experiments.main(["leaderboard", *fake.argv, "--seeds", "1"])  # table4's mean and wk are the leaderboard's
     lb = fake.out / "leaderboard"
     assert [json.loads((lb / f"{v}/eval.json").read_text()).get("same_as") for v in ("mean", "wk")] == [
@@ -969,6 +973,52 @@ def test_a_runs_identity_is_its_command_and_a_records_key_reads_back_as_the_same
     rec = json.loads((fake.out / "leaderboard/sg-opt/seed-1.json").read_text())
     assert RunKey.parse(rec["key"]) == RunKey("m", ("train.py", "--seed", "1", "--data-dir", str(fake.data)), 1,
                                               ("--tasks", "transfer", "--transfer-config", "paper"))
+
+
+def rebuilt_key(rec):
+    """(the key the sweep computes today for a committed record's run, the record's own key), or None when its
+    variant is gone or made another command then (the flags of an older definition)."""
+    key, exp = RunKey.parse(rec["key"]), experiments.EXPERIMENTS.get(rec.get("experiment"))
+    v = next((v for v in exp.variants if v.name == rec.get("variant")), None) if exp else None
+    if key is None or v is None:
+        return None
+    flags, data_dir, own = list(key.command[1:]), None, [str(f) for f in v.flags]
+    if len(flags) >= 2 and flags[-2] == "--data-dir":
+        flags, data_dir = flags[:-2], flags[-1]
+    if v.evaluate_only:  # the variant's flags, then the sweep's (renamed for evaluate.py)
+        if flags[:len(own)] != own:
+            return None
+        extra = sweep.sweep_flags(flags[len(own):], rename={b: a for a, b in sweep.EVAL_FLAGS.items()})
+    else:  # the sweep's flags, the variant's, the seed
+        seed = [] if key.seed is None else ["--seed", str(key.seed)]
+        flags, tail = flags[:len(flags) - len(seed)], flags[len(flags) - len(seed):]
+        if tail != seed or own and flags[len(flags) - len(own):] != own:
+            return None
+        extra = flags[:len(flags) - len(own)]
+    run = sweep.Run(rec["experiment"], v, key.seed, Path("out"), then=bool(key.then))
+    args = SimpleNamespace(model=key.model, data_dir=data_dir, out="out")
+    return sweep.commands(run, args, extra, None)[0], key
+
+
+def test_committed_records_keep_the_key_the_sweep_computes_for_their_run():
+    """Every record under results/ names its run by a RunKey whose script is "train.py" or "evaluate.py" (a training,
+    an evaluation), whatever entry point runs it (python -m lab.train, lab.evaluate): the key the sweep computes today
+    for the same variant, seed and flags equals the record's, so no finished run is run again because the entry point
+    moved. (A record whose variant is gone or made another command then is passed over: at most 5%.)"""
+    results = Path(experiments.__file__).parents[1] / "results"
+    r = subprocess.run(["git", "-C", str(results.parent), "ls-files", "results"], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip("not a git checkout: which records are committed is unknown")
+    recs = [rec for f in r.stdout.split() if f.endswith(".json")
+            for rec in [json.loads((results.parent / f).read_text())] if isinstance(rec, dict) and "experiment" in rec
+            and "key" in rec]
+    pairs = [p for p in map(rebuilt_key, recs) if p]
+    assert len(recs) > 100 and len(pairs) >= 0.95 * len(recs), (len(pairs), len(recs))
+    assert [str(theirs) for ours, theirs in pairs if ours != theirs] == []
+    assert {k.command[0] for _, k in pairs} == {"train.py", "evaluate.py"}
+    run = sweep.Run("table1", experiments.EXPERIMENTS["table1"].variants[0], 1, Path("out"))
+    key, cmd, _ = sweep.commands(run, SimpleNamespace(model="m", data_dir=None, out="out"), [], None)
+    assert key.command[0] in ("train.py", "evaluate.py") and cmd[1:3] in (["-m", "lab.train"], ["-m", "lab.evaluate"])
 
 
 def test_committed_records_name_no_folder_of_the_machine_they_ran_on():

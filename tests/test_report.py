@@ -1,6 +1,6 @@
 """report.py's significance columns of the leaderboard, each against an oracle: Welch's interval against scipy's,
 the paired bootstrap against a plain loop of scipy's Spearman on each resample, the cells on hand-made records; and
-the per-pair cosines that evaluate.py --cosines-out writes for it."""
+the per-pair cosines that python -m lab.evaluate --cosines-out writes for it."""
 import json
 import sys
 
@@ -9,8 +9,7 @@ import pytest
 from scipy import stats
 
 import data
-import evaluate
-from lab import evaluations
+from lab import evaluate as lab_evaluate
 from lab import experiments
 from lab import report
 from data import TASKS
@@ -97,7 +96,7 @@ def write_row(folder, row, cos, avgs, evaluate_only=False):
                "transfer": None, "train": None if evaluate_only else train}
         if i == 0 and cos:
             path = folder / f"{stem}.cosines.npz"
-            evaluations.write_cosines(path, cos)
+            lab_evaluate.write_cosines(path, cos)
             rec["cosines"] = {"file": path.name, "sha256": report.file_sha256(path)}
         (folder / f"{stem}.json").write_text(json.dumps(rec))
 
@@ -170,7 +169,7 @@ def test_a_cosines_file_that_is_not_its_runs_is_named_not_used(leaderboard, caps
     assert s["consert"]["vs"]["simcse"]["pairs_why"] == "no per-pair cosines"  # its own reason first
     assert s["mean"]["vs"]["sg-opt"]["pairs"] is not None
     bad = {t: (c[::-1].copy(), g) for t, (c, g) in cos["mean"].items()}
-    evaluations.write_cosines(lb / "mean/eval.cosines.npz", bad)  # another run's cosines under mean's name
+    lab_evaluate.write_cosines(lb / "mean/eval.cosines.npz", bad)  # another run's cosines under mean's name
     rec = json.loads((lb / "sg-opt/seed-1.json").read_text())
     rec["sts"]["STS12"]["all"] += 1.0  # its cosines no longer give its record's score
     (lb / "sg-opt/seed-1.json").write_text(json.dumps(rec))
@@ -255,7 +254,7 @@ def test_the_methods_experiment_has_its_rows_intervals_as_a_table_of_their_own(t
     assert "vs SG-OPT" not in (tmp_path / "table1/results.md").read_text()
 
 # -----------------------------------------------------------------------------
-# evaluate.py --cosines-out
+# python -m lab.evaluate --cosines-out
 
 
 def test_cosines_out_holds_every_sts_test_pair_as_the_all_protocol_ranks_them(tiny_data, tiny_model,  # noqa: F811
@@ -266,8 +265,8 @@ def test_cosines_out_holds_every_sts_test_pair_as_the_all_protocol_ranks_them(ti
 
     import bert
     root, out = tiny_data[0], tmp_path / "c.npz"
-    evaluate.main(["--model", str(tiny_model), "--data-dir", str(root), "--tasks", "STS13", "--pooling", "mean",
-                   "--layer", "1", "--cosines-out", str(out), "--device", "cpu"])
+    lab_evaluate.main(["--model", str(tiny_model), "--data-dir", str(root), "--tasks", "STS13", "--pooling", "mean",
+                       "--layer", "1", "--cosines-out", str(out), "--device", "cpu"])
     model, tok = bert.Bert.from_pretrained(tiny_model), bert.load_tokenizer(tiny_model)
     with np.load(out) as z:
         assert sorted(z.files) == sorted(f"{t}.{k}" for t in TASKS for k in ("cosine", "gold"))
@@ -290,7 +289,7 @@ def test_cosines_out_holds_every_sts_test_pair_as_the_all_protocol_ranks_them(ti
 ])
 def test_bad_cosines_out_is_one_line(argv, message, tiny_model, tmp_path, capsys):  # noqa: F811
     with pytest.raises(SystemExit) as e:
-        evaluate.main(["--model", str(tiny_model), *[a.format(t=tmp_path) for a in argv]])
+        lab_evaluate.main(["--model", str(tiny_model), *[a.format(t=tmp_path) for a in argv]])
     err = capsys.readouterr().err
     assert e.value.code == 2 and message.format(t=tmp_path) in err and len(err.strip().splitlines()) == 1, err
 

@@ -1,5 +1,6 @@
-"""train.py end to end on a tiny random BERT and a few dozen sentences: checkpoints, frozen parts, determinism,
-every flag, crashes, bad input."""
+"""train.py (and the lab's trainer for the other methods) end to end on a tiny random BERT and a few dozen sentences:
+checkpoints, frozen parts, determinism, every flag, crashes, bad input."""
+import argparse
 import dataclasses
 import gzip
 import json
@@ -14,11 +15,11 @@ import checkpoint
 import cli
 import data
 import evaluate
-from lab import evaluations
+from lab import evaluate as lab_evaluate
 from lab import methods
 import sg_loss
 import train
-from lab import runner
+from lab import train as lab_train
 from conftest import tiny_model_folder
 
 WORDS = "a man woman dog cat is are playing eating running guitar food in the park on street with".split()
@@ -53,11 +54,26 @@ def small_head(flags):
     return [] if "proj_size" in methods.METHODS[loss].ignores or "--no-proj" in flags else ["--proj-size", "16"]
 
 
+def core_flags():
+    """The flags train.py takes: the SG family's and the run's."""
+    p = argparse.ArgumentParser()
+    train.add_sg_flags(p.add_argument)
+    cli.add_run_flags(p.add_argument)
+    return {s for a in p._actions for s in a.option_strings}
+
+
+def trainer(argv):
+    """The entry point of a command line: train.py for the SG family and its flags, else the lab's trainer."""
+    losses = [argv[i + 1] for i, w in enumerate(argv[:-1]) if w == "--loss"]
+    core = (losses or ["opt"])[-1] in train.LOSSES and {w for w in argv if w.startswith("--")} <= core_flags()
+    return train.main if core else lab_train.main
+
+
 def run(world, *flags, **kw):
     argv = ["--model", str(world["model"]), "--data", str(world["sents"]), "--data-dir", str(world["data"]),
             "--out", str(world["out"]), "--batch-size", "4", "--max-steps", "8", "--eval-every", "3",
             "--log-every", "1", *small_head(flags), "--device", "cpu", *flags]
-    return train.main(argv)
+    return trainer(argv)(argv)
 
 
 def test_full_run_writes_a_loadable_checkpoint(world):
@@ -72,10 +88,10 @@ def test_full_run_writes_a_loadable_checkpoint(world):
     assert not list(world["tmp"].glob(".*tmp"))  # no temp files left behind
 
 
-@pytest.mark.parametrize("loss", list(runner.methods.METHODS))
+@pytest.mark.parametrize("loss", list(lab_train.methods.METHODS))
 def test_the_config_line_shows_only_the_flags_the_method_uses(loss):
-    m = runner.methods.METHODS[loss]
-    shown = runner.used_flags(runner.methods.resolve_config(runner.get_args(["--loss", loss, "--device", "cpu"])))
+    m = lab_train.methods.METHODS[loss]
+    shown = lab_train.used_flags(lab_train.methods.resolve_config(lab_train.get_args(["--loss", loss, "--device", "cpu"])))
     assert not set(shown) & set(m.ignores), (loss, set(shown) & set(m.ignores))
     assert {"loss", "model", "out"} <= set(shown) and ("seed" in shown) == (loss != "whitening")  # nothing drawn
     assert ("lam" in shown) == (m.regulariser is methods.weight_distance_grad)
@@ -88,8 +104,8 @@ def test_the_default_precision_is_the_papers_fp32_on_every_device(device, monkey
     """The official code ran fp32: so does a GPU run unless --precision bf16 asks for autocast (here on a machine
     that says it has CUDA: nothing runs on it)."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert methods.resolve_config(runner.get_args(["--device", device])).precision == "fp32"
-    assert methods.resolve_config(runner.get_args(["--device", device, "--precision", "bf16"])).precision == "bf16"
+    assert methods.resolve_config(lab_train.get_args(["--device", device])).precision == "fp32"
+    assert methods.resolve_config(lab_train.get_args(["--device", device, "--precision", "bf16"])).precision == "bf16"
     with pytest.raises(SystemExit):
         train.get_args(["--help"])
     assert "fp32 (default, on every device: the official code's precision)" in " ".join(capsys.readouterr().out.split())
@@ -339,8 +355,8 @@ def test_a_malformed_stsb_dev_file_fails_before_any_work(world, capsys, monkeypa
     monkeypatch.setattr(bert, "encode", lambda *a, **k: pytest.fail("encoding started"))
     with pytest.raises(SystemExit) as e:
         if "whitening" in flags:  # a fit: run()'s step flags mean nothing to it (and are refused)
-            train.main(["--model", str(world["model"]), "--data", str(world["sents"]), "--data-dir",
-                        str(world["data"]), "--out", str(world["out"]), "--device", "cpu", *flags])
+            lab_train.main(["--model", str(world["model"]), "--data", str(world["sents"]), "--data-dir",
+                            str(world["data"]), "--out", str(world["out"]), "--device", "cpu", *flags])
         else:
             run(world, *flags)
     assert e.value.code == 2
@@ -407,29 +423,6 @@ def test_a_full_disk_ends_in_one_line_that_says_what_was_kept(world, monkeypatch
     err = capsys.readouterr().err
     assert e.value.code == 2 and "No space left on device" in err and "best checkpoint so far (step 1" in err
     assert checkpoint.read_metadata(world["out"])["best"]["step"] == 1  # step 0 is never written (--select trained)
-
-
-def test_ctrl_c_while_importing_is_one_line(tmp_path):
-    import signal
-    import subprocess
-    import sys
-    import time
-    # a run's flags (--help answers before torch loads): the model is missing, found out only after the imports
-    p = subprocess.Popen([sys.executable, str(train.__file__), "--model", str(tmp_path / "none"), "--device", "cpu"],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    maps = f"/proc/{p.pid}/maps"
-    for _ in range(2000):  # wait until torch's libraries are being mapped: inside `import torch`
-        try:
-            if "libtorch" in open(maps).read():
-                break
-        except OSError:
-            break
-        time.sleep(0.005)
-    p.send_signal(signal.SIGINT)
-    out, err = p.communicate(timeout=60)
-    if p.returncode == 2:
-        pytest.skip("the imports finished before the signal")
-    assert p.returncode == 130 and "Traceback" not in err and err.strip() == "train.py: interrupted"
 
 
 def test_a_second_run_on_the_same_out_refuses(world, capsys):
@@ -544,8 +537,8 @@ def test_a_symlinked_out_stays_a_symlink(world):
 
 
 def fit(world, loss, *flags):
-    """train.py --loss whitening | flow on the tiny world (no contrastive flags)."""
-    return train.main(["--model", str(world["model"]), "--data", str(world["sents"]), "--data-dir", str(world["data"]),
+    """python -m lab.train --loss whitening | flow on the tiny world (no contrastive flags)."""
+    return lab_train.main(["--model", str(world["model"]), "--data", str(world["sents"]), "--data-dir", str(world["data"]),
                        "--out", str(world["out"]), "--device", "cpu", "--loss", loss, *flags])
 
 
@@ -557,7 +550,7 @@ def test_whitening_checkpoint_holds_the_base_model_and_its_map(world):
     meta = checkpoint.read_metadata(world["out"])
     assert meta["transform"] == {"kind": "whitening", "dim": 16} and meta["pooling"] == "first-last"
     base, tok = bert.Bert.from_pretrained(world["model"]), bert.load_tokenizer(world["model"])
-    model, transform = evaluations.load_with_transform(world["out"])
+    model, transform = lab_evaluate.load_with_transform(world["out"])
     for k, v in base.state_dict().items():
         assert torch.equal(model.state_dict()[k], v), k
     sents = data.training_sentences(str(world["sents"]))
@@ -568,7 +561,7 @@ def test_whitening_checkpoint_holds_the_base_model_and_its_map(world):
     got = transform(bert.encode(model, tok, sents[:5], "first-last"))
     assert abs(got - want).max() < 1e-4 * max(1, abs(want).max())
     assert result["dev"] == pytest.approx(evaluate.stsb_spearman(
-        evaluations.sentence_vectors(model, tok, "first-last", transform=transform), world["data"], "dev"), abs=1e-9)
+        lab_evaluate.sentence_vectors(model, tok, "first-last", transform=transform), world["data"], "dev"), abs=1e-9)
 
 
 def test_flow_trains_only_the_flow_and_evaluate_applies_it(world):
@@ -576,13 +569,13 @@ def test_flow_trains_only_the_flow_and_evaluate_applies_it(world):
     assert result["steps"] == 3 and result["losses"][0][0] == 1 and result["ms_per_step"] > 0
     meta = checkpoint.read_metadata(world["out"])
     assert meta["transform"]["kind"] == "flow" and meta["transform"]["config"]["dim"] == 32
-    model, transform = evaluations.load_with_transform(world["out"])
+    model, transform = lab_evaluate.load_with_transform(world["out"])
     tok = bert.load_tokenizer(world["out"])
     x = bert.encode(model, tok, ["a man is playing ."], "first-last")
     z = transform(x)
     assert z.shape == (1, 32) and abs(z - x).max() > 1e-3  # it maps the vectors
-    table = evaluate.main(["--ckpt", str(world["out"]), "--tasks", "STSBenchmark", "--data-dir", str(world["data"]),
-                           "--batch-size", "128", "--device", "cpu"])
+    table = lab_evaluate.main(["--ckpt", str(world["out"]), "--tasks", "STSBenchmark", "--data-dir",
+                               str(world["data"]), "--batch-size", "128", "--device", "cpu"])
     assert table["sts"]["STSBenchmark"]["all"] == pytest.approx(result["test"], abs=1e-9)
 
 
@@ -614,8 +607,8 @@ def test_post_hoc_flags_that_mean_nothing_are_refused(world, capsys, loss, flags
                                         ("whitening", ["--epochs", "2"]), ("flow", ["--eval-every", "5"]),
                                         ("flow", ["--patience", "0"]), ("flow", ["--early-stop", "best"])])
 def test_a_fit_refuses_the_loop_flags_it_would_ignore(world, capsys, monkeypatch, loss, flag):
-    """`train.py --loss whitening --max-steps 1` is one line, before any work: a closed-form fit has no steps and no
-    seed, a flow no dev evaluation and no early stop (experiments.py passes neither: methods.takes)."""
+    """`python -m lab.train --loss whitening --max-steps 1` is one line, before any work: a closed-form fit has no steps
+    and no seed, a flow no dev evaluation and no early stop (experiments.py passes neither: methods.takes)."""
     monkeypatch.setattr(bert, "encode", lambda *a, **k: pytest.fail("encoding started"))
     with pytest.raises(SystemExit) as e:
         fit(world, loss, *flag)
@@ -633,12 +626,13 @@ def test_the_final_report_is_what_evaluate_gives_whatever_max_len(world, loss):
     result = fit(world, loss, *flags[2:]) if loss == "whitening" else run(world, *flags, "--lr", "1e-3")
     reported = json.loads((world["tmp"] / "train.json").read_text())
     assert reported["test"] == result["test"]
-    ev = evaluate.main(["--ckpt", str(world["out"]), "--data-dir", str(world["data"]), "--tasks", "STSBenchmark",
-                        "--device", "cpu"])
+    main = lab_evaluate.main if loss == "whitening" else evaluate.main  # a fitted map: the lab's to evaluate
+    ev = main(["--ckpt", str(world["out"]), "--data-dir", str(world["data"]), "--tasks", "STSBenchmark",
+               "--device", "cpu"])
     assert ev["sts"]["STSBenchmark"]["all"] == reported["test"]  # exactly: the same tokens, the same vectors
-    model, transform = evaluations.load_with_transform(world["out"])
+    model, transform = lab_evaluate.load_with_transform(world["out"])
     short = bert.load_tokenizer(world["out"], max_len=4)  # the training tokenizer would have given another number
-    vectors = evaluations.sentence_vectors(model, short, checkpoint.read_metadata(world["out"])["pooling"],
+    vectors = lab_evaluate.sentence_vectors(model, short, checkpoint.read_metadata(world["out"])["pooling"],
                                            transform=transform)
     assert evaluate.stsb_spearman(vectors, world["data"], "test") != reported["test"]
 
@@ -742,12 +736,12 @@ def step_losses(world, precision, seed, loss="opt", steps=3, spy=None):
     argv = ["--model", str(world["model"]), "--loss", loss, "--batch-size", "8", "--max-steps", "10", "--lr", "1e-3",
             "--dropout", "off", "--device", "cpu", "--precision", precision, "--seed", str(seed), *small_head(["--loss", loss])]
     argv += ["--teacher-dropout", "off"] if methods.takes(loss, "teacher_dropout") else []
-    cfg = methods.resolve_config(runner.get_args(argv))
-    r = runner.build_run(cfg, bert.Bert.from_pretrained(world["model"]), bert.load_tokenizer(world["model"]), sents,
+    cfg = methods.resolve_config(lab_train.get_args(argv))
+    r = lab_train.build_run(cfg, bert.Bert.from_pretrained(world["model"]), bert.load_tokenizer(world["model"]), sents,
                          None, torch.device("cpu"))
     spy and spy(r)
-    x = runner.inputs(r, sents, None)
-    return [runner.train_step(r, 5 + k, *x)[0].item() for k in range(steps)]  # past the warm-up: the weights move
+    x = lab_train.inputs(r, sents, None)
+    return [lab_train.train_step(r, 5 + k, *x)[0].item() for k in range(steps)]  # past the warm-up: the weights move
 
 
 @pytest.mark.parametrize("loss", ["opt", "simcse"])
@@ -840,7 +834,7 @@ def steps_of(world, module, loss, steps=4):
     sents = world["sents"].read_text().splitlines()
     argv = ["--model", str(world["model"]), "--loss", loss, "--batch-size", "4", "--max-steps", "10", "--lr", "1e-3",
             "--device", "cpu", "--proj-size", "16"]
-    cfg = methods.resolve_config(runner.get_args(argv))
+    cfg = methods.resolve_config(lab_train.get_args(argv))
     r = module.build_run(cfg, bert.Bert.from_pretrained(world["model"]), bert.load_tokenizer(world["model"], 32),
                          sents, None, torch.device("cpu"))
     batches = train.batches(r)
@@ -850,8 +844,82 @@ def steps_of(world, module, loss, steps=4):
 
 @pytest.mark.parametrize("loss", train.LOSSES)
 def test_the_core_step_is_the_labs_generic_step_bit_for_bit(world, loss):
-    """train.train_step (SG-OPT and its ablations written out) and lab/runner.py's step through the methods table
+    """train.train_step (SG-OPT and its ablations written out) and lab/lab_train.py's step through the methods table
     (views_of_F, one_view_of_F, methods.L_*): the same losses and weights, bit for bit, dropout and draws included."""
-    core, lab = steps_of(world, train, loss), steps_of(world, runner, loss)
+    core, lab = steps_of(world, train, loss), steps_of(world, lab_train, loss)
     assert all(torch.equal(a, b) for a, b in zip(core[0], lab[0]))
     assert core[1].keys() == lab[1].keys() and all(torch.equal(v, lab[1][k]) for k, v in core[1].items())
+
+
+# -----------------------------------------------------------------------------
+# the core and the lab's trainer: what train.py refuses in one line, and the inputs no output may replace
+
+
+def one_error_line(capsys, main, argv):
+    """main(argv) refuses: exit 2 and a single 'error:' line on stderr -> that line."""
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and len(err.strip().splitlines()) == 1 and err.startswith("error: "), err
+    return err.strip()
+
+
+@pytest.mark.parametrize("argv, lab", [
+    (["--loss", "simcse", "--out", "x.safetensors"], "python -m lab.train --loss simcse --out x.safetensors"),
+    (["--model", "m", "--loss", "whitening"], "python -m lab.train --model m --loss whitening"),
+    (["--aug1", "shuffle"], "python -m lab.train --aug1 shuffle"),
+    (["--loss", "sscl", "--neg-layers", "1"], "python -m lab.train --loss sscl --neg-layers 1"),
+    (["--loss=esimcse", "--dup-rate", "0.2"], "python -m lab.train --loss=esimcse --dup-rate 0.2"),
+])
+def test_train_py_refuses_the_labs_methods_and_flags_with_the_labs_command(capsys, argv, lab):
+    line = one_error_line(capsys, train.main, argv)
+    assert line.endswith("; the lab's: " + lab), line
+    assert lab_train.get_args(argv).loss == methods.resolve_config(lab_train.get_args(argv)).loss  # the lab takes it
+
+
+@pytest.mark.parametrize("main", [train.main, lab_train.main], ids=["train.py", "lab.train"])
+@pytest.mark.parametrize("argv, flag", [
+    (["--model", "M", "--out", "X", "--lo", "opt"], "--lo"),
+    (["--loss", "simcse", "--lo", "5"], "--lo"),
+    (["--l", "0.1"], "--l"),
+    (["--seed=3", "--ov"], "--ov"),
+])
+def test_an_abbreviated_flag_is_one_line_asking_for_the_whole_flag(capsys, main, argv, flag):
+    """Issue 86: argparse read --lo as ambiguous and printed its 16-line usage; a flag is now written whole."""
+    line = one_error_line(capsys, main, argv)
+    assert line.startswith(f"error: {flag}: write the flag whole") and "usage" not in line, line
+
+
+def test_an_unknown_flag_of_the_lab_names_the_close_ones(capsys):
+    line = one_error_line(capsys, lab_train.main, ["--loss", "simcse", "--tua", "0.1"])
+    assert line == "error: unrecognized flag --tua (did you mean --tau?)"
+
+
+@pytest.mark.parametrize("main", [train.main, lab_train.main], ids=["train.py", "lab.train"])
+@pytest.mark.parametrize("which", ["config.json", "data"])
+def test_json_naming_an_input_of_the_run_is_refused_before_any_work(world, capsys, monkeypatch, main, which):
+    """Issue 86: --json naming the --model folder's config.json (or a --data file named .json) replaced it with the
+    record: the model no longer loaded, the training text was gone."""
+    data = world["tmp"] / "sentences.json"  # a text file, whatever its name
+    data.write_text(world["sents"].read_text())
+    target = data if which == "data" else world["model"] / which
+    before = target.read_bytes()
+    monkeypatch.setattr(bert.Bert, "from_pretrained", lambda *a, **k: pytest.fail("work started"))
+    argv = ["--model", str(world["model"]), "--data", str(data), "--data-dir", str(world["data"]), "--out",
+            str(world["tmp"] / "new.safetensors"), "--json", str(target), "--device", "cpu"]
+    line = one_error_line(capsys, main, argv)
+    assert f"--json {target} is the " in line and "writing it would replace what it reads" in line, line
+    assert target.read_bytes() == before
+
+
+def test_a_non_finite_loss_before_any_trained_evaluation_claims_no_kept_checkpoint(world, capsys):
+    """Issue 86: --tau 1e-300 over an existing --out (--overwrite): the old file is kept, and no line says that a
+    trained checkpoint was kept (there was none: the loss is non-finite at step 1, before the first trained
+    evaluation)."""
+    world["out"].write_bytes(b"the previous checkpoint")
+    with pytest.raises(SystemExit) as e:
+        run(world, "--tau", "1e-300", "--overwrite")
+    out = capsys.readouterr().out
+    assert e.value.code == 1 and world["out"].read_bytes() == b"the previous checkpoint"
+    assert "non-finite loss" in out and f"the previous {world['out']} is kept" in out, out
+    assert "note: the base model" not in out and "step -1" not in out, out

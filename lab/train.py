@@ -1,7 +1,6 @@
 """
-The lab's trainer: every method of lab/methods.py in the core's loop (train.py). `python train.py --loss simcse`
-lands here (train.py hands over any command line that is not the SG family's own), as does SG-OPT with a flag
-only the lab has (--aug1, --aug2).
+The lab's trainer: every method of lab/methods.py in the core's loop (train.py), and SG-OPT with a flag only the lab
+has (--aug1, --aug2). It takes the core's SG family too (--loss opt, sg, opt1, opt2).
 
 A method (methods.py) is code: its two sides, which encoder makes each from what input, pooled how, its head and
 its loss. SG-OPT (methods.views_of_F) is side 1 c_i from BERT_T, side 2 the views h_ik of the frozen BERT_F;
@@ -11,7 +10,8 @@ method.loss -> backward -> the method's state -> method.regulariser -> train.upd
 The loop, the evaluations, the best checkpoint, DDP and the final report are the core's (train.py). Whitening and
 the flow are not trained: a map of the base model's vectors is fitted (fit_posthoc, lab/posthoc.py).
 
-    python train.py --model bert-base-uncased --loss simcse --out simcse.safetensors
+    python -m lab.train --model bert-base-uncased --loss simcse --out simcse.safetensors
+    torchrun --nproc_per_node 2 -m lab.train --loss simcse ...
 
 References: ConSERT: Yan et al., ACL 2021 (yym6472/ConSERT). SimCSE: Gao et al., EMNLP 2021 (princeton-nlp/SimCSE).
 PromptBERT: Jiang et al., EMNLP 2022 (kongds/Prompt-BERT). The others: lab/methods.py.
@@ -24,28 +24,34 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+import torch.distributed as dist
+
+import bert
+import checkpoint
 import cli
+import evaluate
 import runtime
 import train
 from cli import die, git_sha
-from lab import methods
+from lab import methods, posthoc
+from lab import evaluate as lab_evaluate
+
+PROG = "python -m lab.train"
 
 
 def get_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[1].strip(),
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog="example: python train.py --model bert-base-uncased --loss simcse --out "
-                                       "simcse.safetensors")
-    p.error = die  # a bad flag is one line too (argparse would print the whole usage first)
+    p = cli.parser(PROG, __doc__.split("\n\n")[0].strip(), "example: python -m lab.train --model "
+                   "bert-base-uncased --loss simcse --out simcse.safetensors")
     methods.add_method_flags(p.add_argument)
     cli.add_run_flags(p.add_argument)
-    args = p.parse_args(argv)
+    args = cli.parse(p, argv)
     args.given = given_flags(p, argv)
     return args
 
 
 def given_flags(parser, argv):
-    """The flags the user wrote (abbreviations too), whatever their values: the parser again with no defaults."""
+    """The flags the user wrote, whatever their values: the parser again with no defaults."""
     bare = copy.deepcopy(parser)
     for action in bare._actions:
         action.default = argparse.SUPPRESS
@@ -63,14 +69,6 @@ def header(cfg, device, world=1):
     return train.header(argparse.Namespace(**used_flags(cfg)), device, world)
 
 
-import torch  # noqa: E402 (the command line above answers --help before torch loads)
-import torch.distributed as dist  # noqa: E402
-
-import bert  # noqa: E402
-import checkpoint  # noqa: E402
-import evaluate  # noqa: E402
-from lab import evaluations, posthoc  # noqa: E402
-
 # -----------------------------------------------------------------------------
 # one step of any method
 
@@ -85,7 +83,7 @@ class MethodRun(train.Run):
         return train_step(self, step, *inputs(self, s1, s2))
 
     def vectors(self, model):  # PromptBERT: its first template, not denoised
-        return evaluations.sentence_vectors(model, self.eval_tokenizer, self.cfg.eval_pooling,
+        return lab_evaluate.sentence_vectors(model, self.eval_tokenizer, self.cfg.eval_pooling,
                                             batch_size=self.cfg.eval_batch_size, template=self.cfg.template)
 
     def record(self):
@@ -197,7 +195,7 @@ def main(argv=None):
     if cfg.eval_only:
         model, tokenizer, _, data_dir = train.load_inputs(cfg)
         model = model.to(device)
-        vectors = evaluations.sentence_vectors(model, evaluate.eval_tokenizer(tokenizer, model.config),
+        vectors = lab_evaluate.sentence_vectors(model, evaluate.eval_tokenizer(tokenizer, model.config),
                                                cfg.eval_pooling, batch_size=cfg.eval_batch_size,
                                                template=cfg.template)
         return train.final_report(cfg, vectors, data_dir, None, device)
@@ -234,7 +232,7 @@ def fit_posthoc(cfg, device):
         tensors, info, stats = fit_map(cfg, x, kept)
         fit_seconds = time.time() - t0
         transform = posthoc.make_transform(info, tensors)
-        vectors = evaluations.sentence_vectors(model, evaluate.eval_tokenizer(tokenizer, model.config),
+        vectors = lab_evaluate.sentence_vectors(model, evaluate.eval_tokenizer(tokenizer, model.config),
                                                cfg.eval_pooling, transform=transform, batch_size=cfg.eval_batch_size)
         dev = evaluate.stsb_spearman(vectors, data_dir, "dev")
         if not math.isfinite(dev):  # a NaN score never replaces a good file
@@ -252,7 +250,7 @@ def fit_posthoc(cfg, device):
     ck = checkpoint.load(cfg.out)  # what evaluate.py --ckpt will see, read back once
     model = bert.Bert.from_checkpoint(ck).to(device)
     transform = posthoc.transform_of(ck, model.config.hidden_size)
-    vectors = evaluations.sentence_vectors(model, evaluate.eval_tokenizer(tokenizer, model.config),
+    vectors = lab_evaluate.sentence_vectors(model, evaluate.eval_tokenizer(tokenizer, model.config),
                                            cfg.eval_pooling, transform=transform, batch_size=cfg.eval_batch_size)
     result = train.final_report(cfg, vectors, data_dir, meta["best"], device)
     result.update(steps=stats["steps"], losses=stats["losses"], wall_seconds=time.time() - t0, stop=None,
@@ -274,3 +272,7 @@ def fit_map(cfg, x, kept):
         return flow.state_dict(), {"kind": "flow", "config": flow.config()}, stats
     except ValueError as e:
         die(f"--loss {cfg.loss}: {e}; {kept}")
+
+
+if __name__ == "__main__":
+    cli.run(main, "lab.train")

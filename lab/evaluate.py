@@ -1,6 +1,6 @@
 """
-The lab's evaluations, beyond the core's STS table (evaluate.py): evaluate.py hands a command line
-that asks for one of them to main() here, whole, and it runs as it always did.
+The lab's evaluations, beyond the core's STS table (evaluate.py): python -m lab.evaluate takes
+evaluate.py's flags and these.
 
     --pooling wk        WK pooling (wk.py) over the hidden states --wk-layer-start..L
     --pooling prompt    PromptBERT's sentence vector: the [MASK] token's hidden state with the
@@ -19,8 +19,8 @@ that asks for one of them to main() here, whole, and it runs as it always did.
 "sentence2", "gold", "cosine"}, ...]. A --pairs file is a task of the "sts" block (with "pearson"
 and "n" beside); --pooling wk adds "wk": {"layer_start", "window"}, prompt adds "template".
 
-    python evaluate.py --ckpt sg.safetensors --tasks transfer --transfer-config simcse
-    python evaluate.py --model bert-base-uncased --pooling prompt
+    python -m lab.evaluate --ckpt sg.safetensors --tasks transfer --transfer-config simcse
+    python -m lab.evaluate --model bert-base-uncased --pooling prompt
 """
 import math
 import time
@@ -38,6 +38,8 @@ from data import TASKS, TRANSFER, DataError, load_stsb, load_task, resolve_data_
 from lab import posthoc, prompt, transfer, wk
 from lab.eval_data import load_pairs_file
 
+PROG = "python -m lab.evaluate"
+POOLINGS = (*bert.POOLINGS, "wk", "prompt")  # --pooling
 LAYERWISE_POOLINGS = ("cls", "mean", "max")
 EVAL_POOLINGS = (*bert.POOLINGS, "prompt")  # what a checkpoint's metadata 'pooling' may say
 PAIR_COLUMNS = ("file", "sentence1", "sentence2", "gold", "cosine")  # --pairs-out, JSON "pairs"
@@ -213,7 +215,7 @@ def check_metadata(ck):
     if pooling is not None and pooling not in EVAL_POOLINGS:
         raise checkpoint.LoadError(f"{path}: metadata 'pooling' is {pooling!r}, not one of "
                                    f"{', '.join(EVAL_POOLINGS)}; re-create the checkpoint with "
-                                   "this sgbert's train.py")
+                                   "this sgbert's python -m lab.train")
     if "template" in meta:
         try:
             prompt.split(meta["template"])
@@ -224,7 +226,7 @@ def check_metadata(ck):
     if fitted and not info:
         raise checkpoint.LoadError(f"{path}: it holds the tensors {', '.join(sorted(fitted))} of a "
                                    "fitted transform but no metadata 'transform' saying what they "
-                                   "are; re-create it with train.py")
+                                   "are; re-create it with python -m lab.train")
     if info:
         args_pooling = (meta.get("args") or {}).get("pooling")
         if pooling is None or (meta.get("method") in ("whitening", "flow")
@@ -232,7 +234,7 @@ def check_metadata(ck):
             raise checkpoint.LoadError(
                 f"{path}: metadata 'pooling' is {pooling!r} but its {info.get('kind')} was fitted "
                 f"on {args_pooling or 'unrecorded'} vectors (metadata 'args'); fit it again with "
-                "this sgbert's train.py")
+                "this sgbert's python -m lab.train")
 
 
 def load_with_transform(path, device="cpu"):
@@ -244,17 +246,16 @@ def load_with_transform(path, device="cpu"):
     return model, posthoc.transform_of(ck, model.config.hidden_size)
 
 
-def load(args, ck=None):
+def load(args):
     """The model, its tokenizer, its fitted transform (None without one), its checkpoint metadata
-    ({} for a model folder) and the sha256 of its weights, from evaluate.py's one read of the file
-    (ck: what evaluate.main read already), checked."""
-    ck = evaluate.read(args) if ck is None else ck
+    ({} for a model folder) and the sha256 of its weights, from one read of the file, checked."""
+    ck = evaluate.read(args)
     model, tokenizer = evaluate.build(args, ck)
     with evaluate.loading(args):
         args.ckpt and check_metadata(ck)
         transform = posthoc.transform_of(ck, model.config.hidden_size) if args.ckpt else None
     meta, sha, name = (ck.meta if args.ckpt else {}), ck.sha256, args.ckpt or args.model
-    ck.tensors.clear()  # the model and the transform hold their own (clear: evaluate.main holds ck)
+    ck.tensors.clear()  # the model and the transform hold their own
     L = model.config.num_hidden_layers
     if args.pooling == "wk" and L < 2:
         die(f"--pooling wk: {name} has {L} layer (hidden states 0..{L}); WK needs at least three "
@@ -291,12 +292,12 @@ def prompt_template(args, meta, model, tokenizer):
 
 
 def get_args(argv=None):
-    """evaluate.py's parser with the lab's flags (evaluate.LAB_FLAGS): the whole command line."""
+    """evaluate.py's parser with the lab's flags and poolings, parsed once."""
     p = evaluate.parser()
+    p.prog, p.epilog = PROG, "example: python -m lab.evaluate --ckpt sg.safetensors --tasks transfer"
     p.description = ("STS evaluation (Spearman x100) in the all / wmean / mean protocols, and "
                      "SentEval's transfer tasks (accuracy)")
-    p.epilog = "example: python evaluate.py --ckpt sg.safetensors --tasks transfer"
-    n, a = len(p._actions), p.add_argument
+    a = p.add_argument
     a("--wk-layer-start", type=int, help="wk: the first hidden state used (default: l // 3, e.g. 4 "
       "for a 12-layer BERT, 2 for all-MiniLM-L6-v2; the SBERT-WK code's 4 for BERT-base)")
     a("--wk-window", type=int, help="wk: context window, layers on each side (default: 2, the "
@@ -323,9 +324,11 @@ def get_args(argv=None):
     a("--plot", help="with --layerwise: draw it to this .png (needs matplotlib)")
     a("--pairs-plot", help="the paper's Figure 5: 20 gold-5 and 20 gold-0 STS-B dev pairs in 2-D "
       "(PCA), a --ckpt beside its base model, to this .png (needs matplotlib)")
-    added = sorted(s for action in p._actions[n:] for s in action.option_strings)
-    assert added == sorted(evaluate.LAB_FLAGS), f"evaluate.LAB_FLAGS is out of date: {added}"
-    return p.parse_args(argv)
+    args = cli.parse(p, argv)
+    if args.pooling is not None and args.pooling not in POOLINGS:
+        die(f"argument --pooling: invalid choice: {args.pooling!r} (choose from "
+            f"{', '.join(POOLINGS)})")
+    return args
 
 
 def check_args(args):
@@ -496,14 +499,12 @@ def report(args, results, device):
                                 f"{where} | classifier {args.transfer_config}")
 
 
-def main(argv=None, ck=None):
-    """evaluate.py's command line, the lab's flags included. ck: the --ckpt as evaluate.main read it
-    already (its one read of the file), else None."""
+def main(argv=None):
+    """evaluate.py's command line, the lab's flags included."""
     args = get_args(argv)
     check_args(args)
     device = cli.device(args.device)
-    model, tokenizer, transform, meta, sha = load(args, ck)
-    del ck
+    model, tokenizer, transform, meta, sha = load(args)
     args.pooling = args.pooling or meta.get("pooling") or "cls"  # the method's evaluation pooling
     args.template = prompt_template(args, meta, model, tokenizer)
     model.to(device)
@@ -531,3 +532,7 @@ def main(argv=None, ck=None):
     if args.json:
         evaluate.save(args.json, lambda path: checkpoint.write_json(path, results), "results")
     return results
+
+
+if __name__ == "__main__":
+    cli.run(main, "lab.evaluate")
