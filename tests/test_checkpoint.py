@@ -171,7 +171,7 @@ def test_a_fitted_map_of_the_wrong_shape_is_refused_when_read(tiny_config, tmp_p
         checkpoint.load(path)
     msg = str(e.value)
     assert msg.startswith(f"{path}: its ") and key in msg and shape in msg and len(msg.splitlines()) == 1, msg
-    assert "cannot be rebuilt" in msg and "hidden_size" in msg and "fit it again with train.py --loss" in msg
+    assert "cannot be rebuilt" in msg and "hidden_size" in msg and "fit it again: python -m lab.train --loss" in msg
     assert checkpoint.load(path, tensors=False).meta["transform"] == info  # the header alone: what a tokenizer needs
 
 

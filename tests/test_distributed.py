@@ -13,6 +13,7 @@ import torch
 import bert
 import checkpoint
 import train
+from lab import train as lab_train
 from lab import methods
 from test_train import run, small_head, world  # noqa: F401 (the tiny model, data folder and sentences)
 
@@ -30,11 +31,22 @@ def argv(world, out, *flags):
             "--log-every", "1", *flags]
 
 
+def entry(flags):
+    """train.py for the SG family, python -m lab.train (from the root) for the lab's methods."""
+    loss = flags[flags.index("--loss") + 1] if "--loss" in flags else "opt"
+    return [str(ROOT / "train.py")] if loss in train.LOSSES else ["-m", "lab.train"]
+
+
+def trainer(flags):
+    """The main() that trains these flags in this process: train.py's or the lab's."""
+    return train.main if entry(flags)[0] != "-m" else lab_train.main
+
+
 def torchrun(world, out, flags, n=2, **kw):
     """torchrun --standalone: its agent picks a free port and hosts the store itself (no port race between tests)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(n),
-           str(ROOT / "train.py"), *argv(world, out, *flags)]
-    return subprocess.Popen(cmd, env=dict(os.environ, OMP_NUM_THREADS="1"), text=True, **kw)
+           *entry(flags), *argv(world, out, *flags)]
+    return subprocess.Popen(cmd, env=dict(os.environ, OMP_NUM_THREADS="1"), text=True, cwd=ROOT, **kw)
 
 
 def launch(world, out, flags, n=2):
@@ -65,7 +77,7 @@ def test_two_processes_equal_one(world, loss):
     if loss == "diffcse":
         from test_later_methods import generator_folder
         flags += ["--generator", str(generator_folder(world))]
-    one = train.main(argv(world, world["tmp"] / "one.safetensors", *flags))
+    one = trainer(flags)(argv(world, world["tmp"] / "one.safetensors", *flags))
     out = world["tmp"] / "two.safetensors"
     rc, stdout, stderr = launch(world, out, [*flags, "--json", str(world["tmp"] / "two.json")])
     assert rc == 0, stderr

@@ -25,11 +25,11 @@ from conftest import rounding_atol, save_model
 
 EXPORT_PY = str(Path(export_py.__file__).resolve())
 ROOT = Path(EXPORT_PY).parents[1]
-ENV = {**os.environ, "PYTHONPATH": str(ROOT)}  # lab/export.py run as a file: the core's modules beside lab/
+EXPORT = [sys.executable, "-m", "lab.export"]  # as lab/README.md runs it, from the repository root
 
 
 def cli(*args):
-    return subprocess.run([sys.executable, EXPORT_PY, *map(str, args)], capture_output=True, text=True, env=ENV)
+    return subprocess.run([*EXPORT, *map(str, args)], capture_output=True, text=True, cwd=ROOT)
 
 
 def run_py(code, *args):
@@ -326,8 +326,8 @@ def test_ctrl_c_mid_export_is_one_line_and_exit_130(replaced, tmp_path):
 def test_ctrl_c_while_torch_loads(tmp_path):
     (tmp_path / "torch.py").write_text("import os, signal, time\n"  # a real Ctrl-C in the middle of import torch
                                        "os.kill(os.getpid(), signal.SIGINT)\ntime.sleep(10)\n")
-    r = subprocess.run([sys.executable, EXPORT_PY, "a.safetensors", tmp_path / "out"], capture_output=True, text=True,
-                       env={**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"})
+    r = subprocess.run([*EXPORT, "a.safetensors", tmp_path / "out"], capture_output=True, text=True, cwd=ROOT,
+                       env={**os.environ, "PYTHONPATH": str(tmp_path)})
     assert r.returncode == 130 and r.stderr == "export.py: interrupted\n", r.stderr
 
 

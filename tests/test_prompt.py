@@ -237,7 +237,7 @@ def test_bad_templates_are_one_line(world, capsys, script, flags, words):
               "evaluate": ["--model", str(world["model"]), "--pairs", str(world["pairs"]), "--data-dir",
                            str(world["data"]), "--device", "cpu"]}[script]
     with pytest.raises(SystemExit) as e:
-        {"train": train.main, "evaluate": evaluate.main}[script]([*common, *flags])
+        {"train": train.main, "evaluate": lab_evaluate.main}[script]([*common, *flags])
     err = capsys.readouterr().err.strip().split("\n")
     assert e.value.code == 2 and len(err) == 1 and err[0].startswith("error: "), err
     assert all(w in err[0] for w in words), err[0]

@@ -13,7 +13,7 @@ import torch
 import lab.benchmarks.transfer
 from lab import benchmarks
 import data
-import evaluate
+from lab import evaluate as lab_evaluate
 from lab import eval_data, transfer
 from data import DataError
 from conftest import tiny_model_folder
@@ -315,7 +315,7 @@ def test_cli_json_and_errors(tmp_path, tiny_model, capsys):
     write(d / "senteval" / "CR" / "custrev.pos", "\n".join(s for s in lines if s.startswith("good")) + "\n")
     write(d / "senteval" / "CR" / "custrev.neg", "\n".join(s for s in lines if s.startswith("bad")) + "\n")
     out = tmp_path / "r.json"
-    evaluate.main(["--model", str(tiny_model), "--data-dir", str(d), "--tasks", "CR", "--transfer-config", "simcse",
+    lab_evaluate.main(["--model", str(tiny_model), "--data-dir", str(d), "--tasks", "CR", "--transfer-config", "simcse",
                    "--json", str(out)])
     res = json.loads(out.read_text())
     assert res["sts"] is None and res["layerwise"] is None
@@ -326,7 +326,7 @@ def test_cli_json_and_errors(tmp_path, tiny_model, capsys):
 
     def one_line_error(*tasks):
         with pytest.raises(SystemExit) as e:
-            evaluate.main(["--model", str(tiny_model), "--data-dir", str(d), "--tasks", *tasks])
+            lab_evaluate.main(["--model", str(tiny_model), "--data-dir", str(d), "--tasks", *tasks])
         err = capsys.readouterr().err.strip().split("\n")
         assert e.value.code == 2 and len(err) == 1 and err[0].startswith("error: "), err
         return err[0]
