@@ -190,8 +190,7 @@ def commands(run, args, extra, text):
     cosines = ["--cosines-out", str(run.path(".npz", ".cosines"))] if run.cosines else []  # an output: not in the key
     cmd, then = (cmd + cosines, then) if v.evaluate_only else (cmd, then + cosines)  # from evaluate.py's run
     if cosines and not v.evaluate_only and not second:  # a trained run's cosines: its checkpoint scored again
-        then = [*cosines_command(run, args, extra, run.path(".safetensors"))[:-4], "--json",
-                str(run.path(".json", ".then")), *cosines]
+        then = cosines_command(run, args, extra, run.path(".safetensors"), part=".then")
     return key, cmd, then if second or cosines and not v.evaluate_only else None
 
 
@@ -211,14 +210,14 @@ def keep_cosines(run):
     return {"cosines": {"file": dest.name, "sha256": file_sha256(dest)}}
 
 
-def cosines_command(run, args, extra, ckpt=None):
+def cosines_command(run, args, extra, ckpt=None, part=".result"):
     """evaluate.py writing the run's per-pair cosines alone (--tasks sts: the 7 STS tasks, no transfer) into the hidden
     file keep_cosines moves: of the checkpoint ckpt (a trained run's), or for an evaluation of the base model with
     its variant's flags (--tasks sts last: argparse keeps it)."""
     model = ["--ckpt", str(ckpt)] if ckpt else ["--model", str(args.model), *run.v.flags]
     data_dir = ["--data-dir", args.data_dir] if args.data_dir else []
     return [*entry("evaluate.py"), *model, *sweep_flags(extra, rename=EVAL_FLAGS), *data_dir,
-            "--tasks", "sts", "--json", str(run.path(".json", ".result")), "--cosines-out",
+            "--tasks", "sts", "--json", str(run.path(".json", part)), "--cosines-out",
             str(run.path(".npz", ".cosines"))]
 
 
