@@ -1,13 +1,9 @@
 """
-BERT encoder in plain PyTorch: config, model, the checkpoint key map, tokenizer, sentence encoding.
+BERT in plain PyTorch: config, model, the checkpoint key map, tokenizer, sentence vectors.
 
-All of it in this one file, following 1) google-research/bert modeling.py (the original TF1 code)
-and 2) huggingface/transformers models/bert/modeling_bert.py (BertModel). It returns every hidden
-state, because SG-BERT reads views from all layers of the frozen copy. Attribute names match HF
-keys, so a BertModel checkpoint loads 1:1.
-Shape legend: B = batch size, T = sequence length, H = hidden size, nh = heads, hs = H // nh.
+It follows 1) google-research/bert modeling.py and 2) huggingface/transformers modeling_bert.py
+(BertModel). It returns every hidden state: SG-BERT's views come from all layers of BERT_F.
 """
-import contextlib
 import json
 from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
@@ -18,9 +14,14 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import checkpoint
+import fast
+import runtime
 import wordpiece
 from checkpoint import LoadError
-import runtime
+from fast import Linear  # nn.Linear whose frozen weights are cast once (fast.py)
+
+# Shapes: B = batch size, T = sequence length, H = hidden size, N = the batch's real tokens,
+# nh = heads, hs = H // nh, I = intermediate size, L = layers.
 
 # -----------------------------------------------------------------------------
 # config
@@ -89,26 +90,43 @@ CONFIG_CHECKS = {
 }
 
 # -----------------------------------------------------------------------------
-# model
+# model (the speed tricks it calls, fast.Rows, fast.linear and fast.attention, are in fast.py)
 
 
 class Embeddings(nn.Module):
 
     def __init__(self, cfg):
         super().__init__()
-        self.word_embeddings = nn.Embedding(cfg.vocab_size, cfg.hidden_size,
-                                            padding_idx=cfg.pad_token_id)
-        self.position_embeddings = nn.Embedding(cfg.max_position_embeddings, cfg.hidden_size)
-        self.token_type_embeddings = nn.Embedding(cfg.type_vocab_size, cfg.hidden_size)
-        self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)  # HF's key name
+        H = cfg.hidden_size
+        self.word_embeddings = nn.Embedding(cfg.vocab_size, H, padding_idx=cfg.pad_token_id)
+        self.position_embeddings = nn.Embedding(cfg.max_position_embeddings, H)
+        self.token_type_embeddings = nn.Embedding(cfg.type_vocab_size, H)
+        self.LayerNorm = nn.LayerNorm(H, eps=cfg.layer_norm_eps)  # HF's key name
         self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
 
-    def forward(self, input_ids, token_type_ids, position_ids=None):
-        pos = (torch.arange(input_ids.size(1), device=input_ids.device) if position_ids is None
-               else position_ids)
+    def forward(self, input_ids, token_type_ids):
+        pos = torch.arange(input_ids.size(1), device=input_ids.device)
         x = (self.word_embeddings(input_ids) + self.position_embeddings(pos)
              + self.token_type_embeddings(token_type_ids))
         return self.dropout(self.LayerNorm(x))  # (B, T, H)
+
+
+class SelfAttention(nn.Module):
+
+    def __init__(self, cfg):
+        super().__init__()
+        H = cfg.hidden_size
+        self.query, self.key, self.value = Linear(H, H), Linear(H, H), Linear(H, H)
+        self.nh, self.dropout_p = cfg.num_attention_heads, cfg.attention_probs_dropout_prob
+
+    def forward(self, x, rows):
+        B, T, H = rows.B, rows.T, x.shape[-1]
+        # q, k and v from one (N, 3H) product, then as a (B, T) batch for the key mask
+        qkv = rows.unpack(fast.linear(x, self.query, self.key, self.value))
+        q, k, v = qkv.view(B, T, 3, self.nh, H // self.nh).permute(2, 0, 3, 1, 4)  # (B, nh, T, hs)
+        # softmax(q k^T / sqrt(hs)) v; padding keys are masked, so real tokens never see padding
+        y = fast.attention(q, k, v, rows.mask, self.dropout_p if self.training else 0.0)
+        return rows.pack(y.transpose(1, 2))  # (N, H)
 
 
 class Layer(nn.Module):
@@ -117,70 +135,21 @@ class Layer(nn.Module):
     def __init__(self, cfg):
         super().__init__()
         H, I, eps = cfg.hidden_size, cfg.intermediate_size, cfg.layer_norm_eps
-        self.nh = cfg.num_attention_heads
-        self.attn_drop = cfg.attention_probs_dropout_prob
-        self.gelu = GELU_APPROX[cfg.hidden_act]
         # names match HF keys so loading is 1:1: encoder.layer.N.attention.self.query.weight, ...
         self.attention = nn.ModuleDict(dict(
-            self=nn.ModuleDict(dict(query=nn.Linear(H, H), key=nn.Linear(H, H),
-                                    value=nn.Linear(H, H))),
-            output=nn.ModuleDict(dict(dense=nn.Linear(H, H), LayerNorm=nn.LayerNorm(H, eps=eps)))))
-        self.intermediate = nn.ModuleDict(dict(dense=nn.Linear(H, I)))
-        self.output = nn.ModuleDict(dict(dense=nn.Linear(I, H), LayerNorm=nn.LayerNorm(H, eps=eps)))
+            self=SelfAttention(cfg),
+            output=nn.ModuleDict(dict(dense=Linear(H, H), LayerNorm=nn.LayerNorm(H, eps=eps)))))
+        self.intermediate = nn.ModuleDict(dict(dense=Linear(H, I)))
+        self.output = nn.ModuleDict(dict(dense=Linear(I, H), LayerNorm=nn.LayerNorm(H, eps=eps)))
         self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
-        self.kept = None  # (key, products): a frozen layer's products() weights, made once
+        self.gelu = GELU_APPROX[cfg.hidden_act]
 
-    def products(self, device_type):
-        """(weight, bias) of the four products as forward takes them: q, k, v as one (3H, H), the
-        attention output, intermediate and output dense. A frozen layer (no weight requires grad:
-        BERT_F) keeps them, cast to autocast's dtype, until its weights' storage or versions change.
-        (!!) Not for weights that learn: fused AdamW changes them in place, versions unchanged."""
-        sa, ao = self.attention.self, self.attention.output
-        linears = (ao.dense, self.intermediate.dense, self.output.dense)
-        params = (sa.query.weight, sa.key.weight, sa.value.weight, sa.query.bias, sa.key.bias,
-                  sa.value.bias, *(t for m in linears for t in (m.weight, m.bias)))
-        frozen = not any(t.requires_grad for t in params)
-        dtype = (torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type)
-                 else None)
-        key = (dtype, tuple((t._version, t.data_ptr()) for t in params))
-        if frozen and self.kept is not None and self.kept[0] == key:
-            return self.kept[1]
-        out = [(torch.cat(params[:3]), torch.cat(params[3:6])),
-               *((m.weight, m.bias) for m in linears)]
-        if frozen:
-            out = [(w.to(dtype), b.to(dtype)) for w, b in out] if dtype else out
-            self.kept = (key, out)
-        return out
-
-    def forward(self, x, mask, B, T, keep=None):
-        """x (N, H): the real tokens of a (B, T) batch, packed (keep: their flat indices, or None).
-        All but attention acts per token, on the N real rows only; attention unpacks q, k, v to
-        (B, nh, T, hs) for its key mask. mask: (B, 1, 1, T) bool, True = attend, or None."""
-        H = x.shape[-1]
-        # q, k and v from one (N, 3H) product: one larger GEMM is faster than three, and one unpack
-        qkv_p, attn_p, inter_p, out_p = self.products(x.device.type)
-        qkv = unpack(F.linear(x, *qkv_p), keep, B, T).view(B, T, 3, self.nh, H // self.nh)
-        q, k, v = qkv.permute(2, 0, 3, 1, 4)  # each (B, nh, T, hs)
-        # padding keys are never attended to: the outputs at real tokens do not depend on padding.
-        # On a CPU, bf16 attention runs in fp32 (faster there: docs/notes.md), outside autocast
-        # (which would cast q, k, v back to bf16)
-        fp32 = q.dtype == torch.bfloat16 and q.device.type == "cpu"
-        with torch.autocast("cpu", enabled=False) if fp32 else contextlib.nullcontext():
-            q, k, v = (q.float(), k.float(), v.float()) if fp32 else (q, k, v)
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
-                                               dropout_p=self.attn_drop if self.training else 0.0)
-        y = y.transpose(1, 2).reshape(B * T, H)
-        y = y if keep is None else y.index_select(0, keep)  # (N, H)
-        x = self.attention.output.LayerNorm(x + self.dropout(F.linear(y, *attn_p)))
-        h = F.gelu(F.linear(x, *inter_p), approximate=self.gelu)  # (N, I)
-        return self.output.LayerNorm(x + self.dropout(F.linear(h, *out_p)))
-
-
-def unpack(x, keep, B, T):
-    """Packed rows x (N, D) -> (B, T, D), zeros at the padding (keep: the real rows' indices)."""
-    if keep is None:
-        return x.view(B, T, -1)
-    return x.new_zeros(B * T, x.shape[-1]).index_copy(0, keep, x).view(B, T, -1)
+    def forward(self, x, rows):
+        # x: (N, H), the batch's real tokens (fast.Rows); all but attention act per token
+        attn = self.attention
+        x = attn.output.LayerNorm(x + self.dropout(attn.output.dense(attn.self(x, rows))))
+        h = F.gelu(self.intermediate.dense(x), approximate=self.gelu)  # (N, I)
+        return self.output.LayerNorm(x + self.dropout(self.output.dense(h)))
 
 
 class Bert(nn.Module):
@@ -207,32 +176,20 @@ class Bert(nn.Module):
         if isinstance(m, nn.Linear):
             nn.init.zeros_(m.bias)
 
-    def forward(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None,
-                embedding_fn=None):
-        """position_ids (B, T) replace 0..T-1; embedding_fn maps the embedding output (B, T, H)
-        before layer 1: the two hooks ConSERT's augmentations need (augment.py)."""
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None):
         B, T = input_ids.shape
         assert T <= self.config.max_position_embeddings, (
             f"sequence of length {T} is longer than max_position_embeddings "
             f"{self.config.max_position_embeddings}")
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
-        mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]
-        x = self.embeddings(input_ids, token_type_ids, position_ids)
-        if embedding_fn is not None:
-            x = embedding_fn(x)
+        x = self.embeddings(input_ids, token_type_ids)
         hidden_states = [x]
-        # the layers see only the real tokens, packed (about half of an STS-B batch is padding);
-        # a layer's output is 0 at the padding, which pooling and attention mask anyway
-        keep = None
-        if mask is not None and attention_mask.all():
-            mask = None  # no padding: no mask
-        elif mask is not None:
-            keep = attention_mask.flatten().nonzero().squeeze(1)
-        x = x.reshape(B * T, -1) if keep is None else x.reshape(B * T, -1).index_select(0, keep)
+        rows = fast.Rows(attention_mask, B, T)  # the layers see only the real tokens
+        x = rows.pack(x)  # (N, H)
         for layer in self.encoder.layer:
-            x = layer(x, mask, B, T, keep)
-            hidden_states.append(unpack(x, keep, B, T))
+            x = layer(x, rows)
+            hidden_states.append(rows.unpack(x))  # 0 at the padding, which pooling masks anyway
         return hidden_states  # list of L+1 (B, T, H); [0] = embedding output, [k] = layer k's
 
     @classmethod
@@ -359,6 +316,10 @@ def masked_mean(x, mask):
     return (x * m).sum(1) / m.sum(1).clamp(min=1)
 
 
+POOLINGS = ("cls", "mean", "max", "first-last", "last2")
+PRECISIONS = ("fp32", "bf16")
+
+
 def pool(hidden_states, attention_mask, pooling="cls", layer=-1):
     """One vector per sentence from the hidden states: (B, H)."""
     hs = hidden_states
@@ -373,54 +334,28 @@ def pool(hidden_states, attention_mask, pooling="cls", layer=-1):
         return (masked_mean(hs[1], attention_mask) + masked_mean(hs[-1], attention_mask)) / 2
     if pooling == "last2":
         return (masked_mean(hs[-2], attention_mask) + masked_mean(hs[-1], attention_mask)) / 2
-    raise ValueError(f"unknown pooling '{pooling}': use one of {POOLINGS}")
-
-
-POOLINGS = ("cls", "mean", "max", "first-last", "last2")
-PRECISIONS = ("fp32", "bf16")
-@contextlib.contextmanager
-def frozen(model):
-    """A block in which model's weights require no grad, so its layers keep their products; after
-    it the flags are back and, for a model that learns, what its layers kept is dropped."""
-    flags = [p.requires_grad for p in model.parameters()]
-    model.requires_grad_(False)
-    try:
-        yield model
-    finally:
-        for p, flag in zip(model.parameters(), flags):
-            p.requires_grad_(flag)
-        if any(flags):
-            for layer in model.encoder.layer:
-                layer.kept = None
+    raise ValueError(f"unknown pooling '{pooling}': use one of {', '.join(POOLINGS)}")
 
 
 def encode(model, tokenizer, sentences, pooling=None, layer=-1, batch_size=64, dropout=False,
            progress=None, precision="fp32"):
-    """Embed sentences: numpy float32 (n, H), in input order, batched by length. pooling: a name of
-    POOLINGS, a function (hidden_states, attention_mask) -> (B, H), or None: the checkpoint's
-    (META 'pooling'), else 'cls'. dropout: keep BERT's dropout on. progress(done, total): after
-    each batch. precision: fp32 (exact) or bf16 (the matrix products only, Bf16Products on a CPU
-    without a bf16 unit). A fitted transform or a template: lab.evaluate.sentence_vectors."""
+    """Sentence vectors, numpy float32 (n, H) in input order. pooling: a name of POOLINGS, a
+    function (hidden_states, attention_mask) -> (B, H), or None: the checkpoint's, else cls."""
     if pooling is None:
         pooling = getattr(model, "pooling", None) or "cls"  # Bert.from_checkpoint's record
-    if pooling == "prompt":
-        raise ValueError("this checkpoint's sentence vector is PromptBERT's [MASK] vector of a "
-                         "template around the sentence, which encode cannot make: use lab."
-                         "evaluate.sentence_vectors(model, tokenizer, 'prompt', template=...), "
-                         "or pass another pooling")
     return encode_many(model, tokenizer, sentences, [(pooling, layer)], batch_size, dropout,
-                       progress, precision=precision)[pooling, layer]
+                       progress, precision)[pooling, layer]
 
 
 def encode_many(model, tokenizer, sentences, specs, batch_size=64, dropout=False, progress=None,
                 precision="fp32"):
-    """encode for several (pooling, layer), one forward per batch: {(pooling, layer): (n, H)}."""
+    """encode for several (pooling, layer), one forward per batch: {(pooling, layer): (n, H)}.
+    Batches are sorted by length; progress(done, total) is called after each."""
     L = model.config.num_hidden_layers
     for pooling, layer in specs:
-        assert callable(pooling) or pooling in POOLINGS, \
-            f"unknown pooling '{pooling}': use one of {POOLINGS}"
-        assert -L - 1 <= layer <= L, \
-            f"layer {layer} out of range for a model with {L} layers (0..{L})"
+        if not callable(pooling) and pooling not in POOLINGS:
+            raise ValueError(f"unknown pooling '{pooling}': use one of {', '.join(POOLINGS)}")
+        assert -L - 1 <= layer <= L, f"layer {layer} out of range for {L} layers (0..{L})"
     assert precision in PRECISIONS, f"unknown precision '{precision}': use one of {PRECISIONS}"
     device = next(model.parameters()).device
     out = {spec: np.zeros((len(sentences), model.config.hidden_size), dtype=np.float32)
@@ -429,12 +364,12 @@ def encode_many(model, tokenizer, sentences, specs, batch_size=64, dropout=False
     order = sorted(range(len(sentences)), key=lambda i: len(encodings[i].ids))
     was_training = model.training
     model.train(dropout)
-    # bf16: one autocast region over all the batches, so each weight is cast once; no_grad, not
-    # inference_mode, under which autocast keeps no cast weights
+    # bf16: autocast over all the batches, each weight cast once (fast.frozen); no_grad, as
+    # inference_mode would make the kept weights inference tensors
     bf16 = precision == "bf16"
     with torch.no_grad() if bf16 else torch.inference_mode(), \
             runtime.bf16_products(precision, device.type), \
-            torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16), frozen(model):
+            torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16), fast.frozen(model):
         for s in range(0, len(order), batch_size):
             idx = order[s:s + batch_size]
             ids, mask = batch_tensors([encodings[i] for i in idx], model.config.pad_token_id,

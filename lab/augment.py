@@ -82,3 +82,21 @@ def parse(spec):
     if not 0 < r < 1:
         raise ValueError(f"{spec!r}: the rate must be in (0, 1)")
     return Augmentation(kind, r)
+
+
+def forward(model, ids, mask=None, position_ids=None, embedding_fn=None):
+    """model(ids, mask) (a bert.Bert, or its DDP wrapper) with the two hooks bert.Bert leaves to the lab:
+    position_ids (b, T) in place of 0..T-1 (the shuffle; PromptBERT's template alone), and embedding_fn applied
+    to the embedding output (b, T, H) before layer 1 (the cutoffs; DiffCSE's conditioning). Torch module hooks
+    on the embeddings, for this call only: a DDP wrapper still runs its own forward."""
+    import runtime
+    emb, hooks = runtime.raw(model).embeddings, []
+    if position_ids is not None:  # the positions' embedding takes position_ids, not arange(T)
+        hooks.append(emb.position_embeddings.register_forward_pre_hook(lambda m, args: (position_ids,)))
+    if embedding_fn is not None:
+        hooks.append(emb.register_forward_hook(lambda m, args, out: embedding_fn(out)))
+    try:
+        return model(ids, mask)
+    finally:
+        for h in hooks:
+            h.remove()

@@ -63,7 +63,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import bert
-from lab import pretrain
+from lab import augment, pretrain
 from checkpoint import LoadError
 
 # the run script's values for methods.py's shared flags (run_diffcse.sh at f724b2c); also there: bert-base-uncased
@@ -224,7 +224,7 @@ class Discriminator(nn.Module):
 
         def condition(x):  # (N, T, H) -> (N, T, H)
             return torch.cat([z[:, None].to(x.dtype), x[:, 1:]], 1)
-        return self.electra_head(self.bert(inputs, mask, embedding_fn=condition)[-1])
+        return self.electra_head(augment.forward(self.bert, inputs, mask, embedding_fn=condition)[-1])
 
 
 def electra_loss(logits, y):

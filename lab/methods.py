@@ -193,7 +193,7 @@ def templates(cfg, tokenizer, max_positions):
 def augmented(model, x, aug, gen):
     """model's hidden states of x = (ids, mask) with the augmentation aug inside (augment.py; none: as it is)."""
     ids, mask = x
-    return model(ids, mask, position_ids=aug.position_ids(mask, gen), embedding_fn=aug.embedding_fn(mask, gen))
+    return augment.forward(model, ids, mask, aug.position_ids(mask, gen), aug.embedding_fn(mask, gen))
 
 
 def project(head, c, h):

@@ -24,6 +24,7 @@ Legend: B = sentences, T = tokens of the longest input, T0 = tokens of the templ
 from types import SimpleNamespace
 
 import checkpoint
+from lab import augment
 
 # the unsupervised BERT recipe's two templates (run.sh unsup-bert); the first is also the one evaluated
 TRAIN_TEMPLATES = ('This sentence of "[X]" means [MASK] .', 'This sentence : "[X]" means [MASK] .')
@@ -124,5 +125,5 @@ class Template:
         h = self.vector(model(ids, attention_mask), attention_mask)
         lengths, which = torch.unique(attention_mask.sum(1) - len(self), return_inverse=True)  # (D,), (B,)
         ids0, pos0 = self.alone(lengths)
-        bias = self.vector(model(ids0, position_ids=pos0), torch.ones_like(ids0))  # (D, H)
+        bias = self.vector(augment.forward(model, ids0, position_ids=pos0), torch.ones_like(ids0))  # (D, H)
         return h - bias[which]

@@ -1,12 +1,13 @@
-"""bf16 without waste: a frozen layer's products take weights cast (and q, k, v concatenated) once, the very tensors
-autocast makes at each use, so a frozen BERT_F, an encoding or a frozen generator give bit for bit the numbers they
-gave when every forward cast them anew; and the kept tensors follow the weights when these change."""
+"""bf16 without waste (fast.py): a frozen model's products take weights cast (and q, k, v concatenated) once, the very
+tensors autocast makes at each use, so a frozen BERT_F, an encoding or a frozen generator give bit for bit the numbers
+they gave when every forward cast them anew; and the kept tensors follow the weights when these change."""
 import copy
 
 import pytest
 import torch
 
 import bert
+import fast
 
 
 @pytest.fixture
@@ -24,7 +25,7 @@ def batch(seed=0):
 
 
 def forward(model, frozen, precision):
-    """The hidden states of a frozen model (no weight requires grad: it keeps its products), or of one that learns
+    """The hidden states of a frozen model (no weight requires grad: it keeps its weights), or of one that learns
     (every product casts its weights anew, as autocast does)."""
     ids, mask = batch()
     model.requires_grad_(not frozen)
@@ -35,15 +36,16 @@ def forward(model, frozen, precision):
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_a_frozen_layer_gives_the_numbers_of_a_recast_one(model, precision):
     want = forward(copy.deepcopy(model), False, precision)
-    for _ in range(2):  # the first call keeps the products, the second uses them
+    for _ in range(2):  # the first call keeps the weights, the second uses them
         got = forward(model, True, precision)
         assert all(torch.equal(g, w) for g, w in zip(got, want))
-    kept = model.encoder.layer[0].kept
-    assert kept is not None and kept[1][0][0].dtype == (torch.bfloat16 if precision == "bf16" else torch.float32)
-    assert kept[1][0][0].shape == (3 * model.config.hidden_size, model.config.hidden_size)  # q, k, v as one
+    kept = model.encoder.layer[0].attention.self.query.kept  # q, k, v's, kept on the query
+    assert kept is not None and kept[1][0].dtype == (torch.bfloat16 if precision == "bf16" else torch.float32)
+    assert kept[1][0].shape == (3 * model.config.hidden_size, model.config.hidden_size)  # q, k, v as one
+    assert model.encoder.layer[1].output.dense.kept[1][0].dtype == kept[1][0].dtype
 
 
-def test_kept_products_follow_the_weights(model):
+def test_kept_weights_follow_the_weights(model):
     forward(model, True, "bf16")
     with torch.no_grad():  # an optimizer step's kind of change: in place
         model.encoder.layer[1].intermediate.dense.weight.mul_(1.5)
@@ -59,13 +61,13 @@ def test_a_layer_that_learns_keeps_nothing_even_under_no_grad(model):
     """The fused AdamW step changes weights in place without bumping their versions: a learning layer never keeps
     a copy (the dev evaluation of BERT_T runs under no_grad between steps)."""
     forward(model, False, "bf16")
-    assert all(layer.kept is None for layer in model.encoder.layer)
+    assert not kept(model)
     opt = torch.optim.AdamW(model.parameters(), lr=0.1, fused=True)
     model.train()
     ids, mask = batch()
     with torch.autocast("cpu", dtype=torch.bfloat16):
         model(ids, mask)[-1].sum().backward()
-    assert all(layer.kept is None for layer in model.encoder.layer)
+    assert not kept(model)
     w = model.encoder.layer[0].attention.self.query.weight
     before, version = w.detach().clone(), w._version
     opt.step()
@@ -73,7 +75,12 @@ def test_a_layer_that_learns_keeps_nothing_even_under_no_grad(model):
 
 
 
-def test_an_encoding_keeps_the_products_of_a_model_that_learns_only_while_it_runs(tmp_path, tiny_config, monkeypatch):
+def kept(model):
+    """The modules of model that keep weights (fast.linear)."""
+    return [m for m in model.modules() if m.__dict__.get("kept") is not None]
+
+
+def test_an_encoding_keeps_the_weights_of_a_model_that_learns_only_while_it_runs(tmp_path, tiny_config, monkeypatch):
     """bert.encode freezes the model for its batches (each layer's weights cast and concatenated once, not once a
     batch), with the numbers of an encoding that casts them at every batch, then gives the model back as it was: its
     weights require grad again and nothing kept outlives the call."""
@@ -83,20 +90,20 @@ def test_an_encoding_keeps_the_products_of_a_model_that_learns_only_while_it_run
     folder = tiny_model_folder(tmp_path / "m", tiny_config, words="a man dog runs".split())
     m, tok = bert.Bert.from_pretrained(folder).requires_grad_(True), bert.load_tokenizer(folder)
     sentences = ["a man runs", "a dog", "a dog runs a man"] * 30
-    kept, products = [], bert.Layer.products
+    seen, linear = [], fast.linear
 
-    def spy(self, device_type):
-        out = products(self, device_type)
-        kept.append(self.kept is not None)
+    def spy(x, *linears):
+        out = linear(x, *linears)
+        seen.append(linears[0].__dict__.get("kept") is not None)
         return out
-    monkeypatch.setattr(bert.Layer, "products", spy)
+    monkeypatch.setattr(fast, "linear", spy)
     got = bert.encode(m, tok, sentences, batch_size=8, precision="bf16")
-    assert len(kept) > 2 * len(m.encoder.layer) and all(kept)  # kept through every batch
-    assert all(p.requires_grad for p in m.parameters()) and all(layer.kept is None for layer in m.encoder.layer)
-    monkeypatch.setattr(bert, "frozen", lambda model: contextlib.nullcontext())  # as before: cast at every batch
-    kept.clear()
+    assert len(seen) > 4 * len(m.encoder.layer) and all(seen)  # kept through every batch
+    assert all(p.requires_grad for p in m.parameters()) and not kept(m)
+    monkeypatch.setattr(fast, "frozen", lambda model: contextlib.nullcontext())  # as before: cast at every batch
+    seen.clear()
     want = bert.encode(m, tok, sentences, batch_size=8, precision="bf16")
-    assert not any(kept) and (got == want).all()
+    assert not any(seen) and (got == want).all()
 
 
 def test_under_bf16_autocast_a_cpu_runs_the_attention_in_fp32(model, monkeypatch):
