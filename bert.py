@@ -47,8 +47,7 @@ class BertConfig:
     def from_dict(cls, d, source="config"):
         """A checked config from a config.json dict; a bad value is a LoadError naming the key."""
         if not isinstance(d, dict):
-            raise LoadError(f"{source}: the config is a JSON {type(d).__name__}, not an object of "
-                            "config keys")
+            raise LoadError(f"{source}: the config is a JSON {type(d).__name__}, not an object")
         for k in (f.name for f in fields(cls) if f.default is MISSING):
             if k not in d:
                 raise LoadError(f"{source}: config is missing the required key '{k}'")
@@ -75,19 +74,15 @@ GELU_APPROX = {"gelu": "none", "gelu_new": "tanh", "gelu_pytorch_tanh": "tanh"}
 
 # What each config.json value must be: (test, words for the error). type() keeps out true/false
 # (bool is an int) and, with the comparisons, NaN; HF would build a broken model from any of these.
-POSITIVE_INT = (lambda v: type(v) is int and v > 0, "a positive integer")
+SIZE = (lambda v: type(v) is int and v > 0, "a positive integer")
 PROBABILITY = (lambda v: type(v) in (int, float) and 0 <= v < 1, "a number in [0, 1)")
-CONFIG_CHECKS = {
-    **dict.fromkeys(["vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                     "intermediate_size", "max_position_embeddings", "type_vocab_size"],
-                    POSITIVE_INT),
-    "hidden_act": (lambda v: isinstance(v, str) and v in GELU_APPROX,
-                   f"one of {', '.join(GELU_APPROX)}"),
-    "hidden_dropout_prob": PROBABILITY, "attention_probs_dropout_prob": PROBABILITY,
-    "layer_norm_eps": (lambda v: type(v) in (int, float) and 0 < v < float("inf"),
-                       "a positive number"),
-    "pad_token_id": (lambda v: type(v) is int and v >= 0, "a non-negative integer"),
-}
+EPS = (lambda v: type(v) in (int, float) and 0 < v < float("inf"), "a positive number")
+CONFIG_CHECKS = dict(
+    vocab_size=SIZE, hidden_size=SIZE, num_hidden_layers=SIZE, num_attention_heads=SIZE,
+    intermediate_size=SIZE, max_position_embeddings=SIZE, type_vocab_size=SIZE,
+    hidden_act=(lambda v: type(v) is str and v in GELU_APPROX, f"one of {', '.join(GELU_APPROX)}"),
+    hidden_dropout_prob=PROBABILITY, attention_probs_dropout_prob=PROBABILITY, layer_norm_eps=EPS,
+    pad_token_id=(lambda v: type(v) is int and v >= 0, "a non-negative integer"))
 
 # -----------------------------------------------------------------------------
 # model (the speed tricks it calls, fast.Rows, fast.linear and fast.attention, are in fast.py)
@@ -194,23 +189,22 @@ class Bert(nn.Module):
 
     @classmethod
     def from_pretrained(cls, name_or_path):
-        """A model folder (config.json + model.safetensors), our .safetensors checkpoint, or a name
-        (weights/<name>/, from the hub if missing), in eval mode; else a one-line LoadError."""
+        """A model folder, our .safetensors checkpoint or a name (weights/<name>/, else the hub),
+        in eval mode; else a one-line LoadError."""
         return cls.from_checkpoint(read_checkpoint(name_or_path))
 
     @classmethod
     def from_checkpoint(cls, ck):
-        """The model of what checkpoint.load read, through the key map below, in eval mode."""
+        """The model of what checkpoint.load read, in eval mode."""
         model = cls(config_of(ck))
-        model.load_tensors(ck.tensors, ck.weights)
+        model.fill(ck.tensors, ck.weights)
         model.pooling = ck.meta.get("pooling")  # encode's default pooling; None for a model folder
         return model.eval()
 
-    def load_tensors(self, tensors, path):
-        """Fill every parameter from tensors {checkpoint key: tensor} (read from path) through the
-        key map below; any mismatch is an error that names the file and the keys."""
-        own = self.state_dict()
-        loaded, seen, self.extra = {}, {}, {}
+    def fill(self, tensors, path):
+        """Every weight from a checkpoint's tensors (read from path) through the key map below; a
+        mismatch is a LoadError naming the file and the keys."""
+        own, loaded, seen, self.extra = self.state_dict(), {}, {}, {}
         problems = {k: [] for k in ("missing keys", "unexpected keys", "wrong shapes",
                                     "integer tensors", "two keys for one weight")}
         for key, t in sorted(tensors.items()):
@@ -227,16 +221,16 @@ class Bert(nn.Module):
             elif k not in own:
                 problems["unexpected keys"].append(key)
             elif t.shape != own[k].shape:
-                problems["wrong shapes"].append(
-                    f"{key} {tuple(t.shape)} (model expects {tuple(own[k].shape)})")
+                problems["wrong shapes"].append(f"{key} {tuple(t.shape)} (model expects "
+                                                f"{tuple(own[k].shape)})")
             else:
                 loaded[k] = t
         problems["missing keys"] = [k for k in own if k not in loaded and k not in seen]
-        n_ckpt = len({k.split(".")[2] for k in seen if k.startswith("encoder.layer.")})
+        L = len({k.split(".")[2] for k in seen if k.startswith("encoder.layer.")})
         errors = []
-        if n_ckpt != self.config.num_hidden_layers:  # CLIP-style check of config vs tensor shapes
+        if L != self.config.num_hidden_layers:  # CLIP-style check of config vs tensor shapes
             errors.append(f"the config says {self.config.num_hidden_layers} layers but the "
-                          f"checkpoint has {n_ckpt}")
+                          f"checkpoint has {L}")
         for what, keys in problems.items():
             if keys:
                 more = f" and {len(keys) - 5} more" if len(keys) > 5 else ""
@@ -263,8 +257,7 @@ def hf_key(key):
 
 
 def read_checkpoint(name_or_path, tensors=True):
-    """checkpoint.load for a library caller, its LoadError raised from here as one line; a
-    relative path that is not there names the folder it was looked for in."""
+    """checkpoint.load, its LoadError one line; a relative path not there names the folder."""
     try:
         return checkpoint.load(name_or_path, tensors)
     except LoadError as e:
@@ -285,12 +278,12 @@ def config_of(ck):
     return BertConfig.from_dict(ck.config, ck.config_source)
 
 # -----------------------------------------------------------------------------
-# tokenizer and sentence encoding
+# tokenizer and sentence vectors
 
 
 def load_tokenizer(name_or_path, max_len=128):
-    """A tokenizers.Tokenizer adding [CLS] ... [SEP], truncating to max_len tokens (no padding: we
-    pad per batch), of a model folder, our checkpoint or a name: see tokenizer_of."""
+    """The tokenizer of a model folder, our checkpoint or a name: [CLS] ... [SEP], at most max_len
+    tokens, no padding (batch_tensors pads each batch)."""
     return tokenizer_of(read_checkpoint(name_or_path, tensors=False), max_len)
 
 
@@ -349,8 +342,7 @@ def encode(model, tokenizer, sentences, pooling=None, layer=-1, batch_size=64, d
 
 def encode_many(model, tokenizer, sentences, specs, batch_size=64, dropout=False, progress=None,
                 precision="fp32"):
-    """encode for several (pooling, layer), one forward per batch: {(pooling, layer): (n, H)}.
-    Batches are sorted by length; progress(done, total) is called after each."""
+    """encode for several (pooling, layer), one forward per batch: {(pooling, layer): (n, H)}."""
     L = model.config.num_hidden_layers
     for pooling, layer in specs:
         if not callable(pooling) and pooling not in POOLINGS:
@@ -364,8 +356,8 @@ def encode_many(model, tokenizer, sentences, specs, batch_size=64, dropout=False
     order = sorted(range(len(sentences)), key=lambda i: len(encodings[i].ids))
     was_training = model.training
     model.train(dropout)
-    # bf16: autocast over all the batches, each weight cast once (fast.frozen); no_grad, as
-    # inference_mode would make the kept weights inference tensors
+    # bf16: one autocast region over all the batches, so each weight is cast once; no_grad, not
+    # inference_mode, under which autocast keeps no cast weights
     bf16 = precision == "bf16"
     with torch.no_grad() if bf16 else torch.inference_mode(), \
             runtime.bf16_products(precision, device.type), \

@@ -1,10 +1,6 @@
 """
-bert.py's speed tricks, out of the reader's way. Each is one marked section; bert.py calls it by
-name. None changes a number: the tricks skip work, they do not change the arithmetic.
-
-1. Packed rows: the layers see only the real tokens of a padded batch.
-2. Frozen weights cast once: BERT_F's bf16 weights are made once, not at every product.
-3. fp32 attention for bf16 on a CPU.
+bert.py's speed tricks, out of the reader's way: one marked section each, called by name from
+bert.py. They skip work; none changes a number.
 """
 import contextlib
 
@@ -13,7 +9,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 # -----------------------------------------------------------------------------
-# 1. packed rows: about half of an STS-B batch is padding, which no layer needs to multiply
+# packed rows: the layers see only the real tokens (about half of an STS-B batch is padding)
 
 
 class Rows:
@@ -35,36 +31,31 @@ class Rows:
         return x.view(self.B, self.T, -1)
 
 # -----------------------------------------------------------------------------
-# 2. frozen weights cast once: autocast casts a weight at every product and keeps no cast of a
-# weight that requires no grad, so a frozen model (BERT_F, an encoding) keeps its own
+# frozen weights cast once: autocast casts a weight at every product, and keeps no cast of a
+# weight that needs no grad (BERT_F's, at every step)
 
 
 def linear(x, *linears):
-    """x times the linears' weights side by side: q, k and v as one (N, 3H) product, one GEMM
-    faster than three. Linears none of whose weights learn keep the weights as the product takes
-    them until their storage or versions change; learning ones do not (fused AdamW changes them in
-    place, versions unchanged)."""
-    params = [m.weight for m in linears] + [m.bias for m in linears]
-    if any(t.requires_grad for t in params):
-        return F.linear(x, *join(params))
-    dtype = (torch.get_autocast_dtype(x.device.type)
-             if torch.is_autocast_enabled(x.device.type) else None)
-    key = (dtype, tuple((t._version, t.data_ptr()) for t in params))
+    """x times the linears' weights side by side (q, k and v: one GEMM, faster than three).
+    Linears that do not learn keep their weights as the product takes them until these change;
+    learning ones cannot (fused AdamW changes them in place, their versions unchanged)."""
+    w, b = [m.weight for m in linears], [m.bias for m in linears]
+    if any(t.requires_grad for t in w + b):
+        return F.linear(x, *join(w, b))
+    device = x.device.type
+    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
+    key = (dtype, [(t._version, t.data_ptr()) for t in w + b])
     kept = linears[0].__dict__.get("kept")
     if kept is None or kept[0] != key:
-        w, b = join(params)
-        kept = (key, (w.to(dtype), b.to(dtype)) if dtype else (w, b))
-        linears[0].kept = kept
+        kept = linears[0].kept = (key, [t.to(dtype) if dtype else t for t in join(w, b)])
     return F.linear(x, *kept[1])
 
 
-def join(params):  # [w1, ..., b1, ...] -> (weight, bias), each one tensor
-    n = len(params) // 2
-    return tuple(ts[0] if n == 1 else torch.cat(ts) for ts in (params[:n], params[n:]))
+def join(w, b):
+    return (w[0], b[0]) if len(w) == 1 else (torch.cat(w), torch.cat(b))
 
 
 class Linear(nn.Linear):
-    """nn.Linear whose frozen weights are cast once (linear)."""
 
     def forward(self, x):
         return linear(x, self)
@@ -72,8 +63,8 @@ class Linear(nn.Linear):
 
 @contextlib.contextmanager
 def frozen(model):
-    """A block in which no weight of model learns, so its products keep their weights; after it the
-    flags are back and, for a model that learns, what it kept is dropped."""
+    """A block in which no weight of model learns, so its linears keep their weights; after it
+    the flags are back, and a model that learns drops what it kept."""
     flags = [p.requires_grad for p in model.parameters()]
     model.requires_grad_(False)
     try:
@@ -81,19 +72,16 @@ def frozen(model):
     finally:
         for p, flag in zip(model.parameters(), flags):
             p.requires_grad_(flag)
-        if any(flags):
-            for m in model.modules():
-                m.__dict__.pop("kept", None)
+        for m in model.modules() if any(flags) else []:
+            m.__dict__.pop("kept", None)
 
 # -----------------------------------------------------------------------------
-# 3. fp32 attention for bf16 on a CPU: faster there than torch's bf16 kernels (docs/notes.md)
+# fp32 attention for bf16 on a CPU: faster there than torch's bf16 kernels (docs/notes.md)
 
 
 def attention(q, k, v, mask, dropout_p):
-    """scaled_dot_product_attention; bf16 q, k, v on a CPU run in fp32, outside autocast (which
-    would cast them back to bf16)."""
     if q.dtype != torch.bfloat16 or q.device.type != "cpu":
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
-    with torch.autocast("cpu", enabled=False):
+    with torch.autocast("cpu", enabled=False):  # else it would cast q, k, v back to bf16
         return F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask,
                                               dropout_p=dropout_p)

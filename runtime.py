@@ -30,8 +30,7 @@ def init(cfg):
         return 0, 1, torch.device("cuda" if cuda else "cpu")
     if cfg.batch_size % world:
         die(f"--batch-size {cfg.batch_size} does not divide over {world} processes: it is the "
-            f"global "
-            f"batch, split evenly (use a multiple of {world})")
+            f"global batch, split evenly (use a multiple of {world})")
     if cfg.eval_only:
         die("--eval-only runs in one process: run it with python, not torchrun")
     local = int(os.environ.get("LOCAL_RANK", "0"))
@@ -104,9 +103,8 @@ def close():
 
 
 def leave(code):
-    """(!!) Exit at once, while the run still holds the DDP reducer. Dropping the last reference to
-    the gloo group joins its worker threads with the GIL held, while a worker may need the GIL to
-    free a tensor: a hang seen in 2 of 3 torchrun tests on a loaded CPU (in ~ProcessGroupGloo)."""
+    """Exit at once, while the run still holds the DDP reducer: dropping the last reference to the
+    gloo group joins its worker threads with the GIL held, and a worker may need the GIL."""
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
