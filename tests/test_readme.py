@@ -558,8 +558,8 @@ def test_the_reader_path_is_as_long_as_the_readme_says_and_at_most_1600_lines():
     assert {f: int(n.replace(",", "")) for f, n in sizes.items()} == real
     total = re.search(r"Read the core in this order\*\* \(([\d,]+) lines", text)
     assert total and int(total[1].replace(",", "")) == sum(real.values()) <= 1600, (total and total[1], real)
-    for f in ("bert.py", "sg_loss.py", "data.py", "train.py", "evaluate.py", "checkpoint.py", "cli.py", "runtime.py", "fast.py",
-              "wordpiece.py"):
+    for f in ("bert.py", "sg_loss.py", "data.py", "train.py", "evaluate.py", "checkpoint.py", "cli.py", "runtime.py",
+              "fast.py", "wordpiece.py"):
         top = [line for line in (ROOT / f).read_text().splitlines() if re.match(r"(from|import) lab\b", line)]
         assert not top, f"{f} imports the lab at module level: {top}"
 
