@@ -117,10 +117,6 @@ class Run:
         bf16 = self.cfg.precision == "bf16"
         return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=bf16)
 
-    def gather(self, x):
-        """x (b_local, ...) of every process in rank order -> (b, ...); x itself on one process."""
-        return gather(x) if self.world > 1 else x
-
     def step(self, step, s1, s2):
         """One training step on a batch of sentences (s2: their paraphrases, or None)."""
         return train_step(self, step, *inputs(self, s1, s2))
@@ -435,9 +431,8 @@ def load_inputs(cfg):
     if len(examples) < 2:
         die(f"--data {cfg.data}: {len(examples)} sentence(s); training needs at least 2")
     if cfg.data == "stsb":
-        print("note: the STS-B dev and test sentences are part of the unlabelled training data, as "
-            "in "
-              "the paper (no labels are used)")
+        print("note: the STS-B dev and test sentences are part of the unlabelled training data, "
+              "as in the paper (no labels are used)")
     return model, tokenizer, examples, data_dir
 
 
@@ -452,9 +447,9 @@ def build_run(cfg, bert_F, tokenizer, examples, data_dir, device, rank=0, world=
     optimizer = adamw([bert_T, head], cfg)
     bert_T, head = runtime.wrap(bert_T, head, device, world)
     total = steps(cfg, examples, world)
-    print(f"{len(examples)} {'pairs' if isinstance(examples[0], tuple) else 'sentences'} | {total} "
-          f"steps of {cfg.batch_size} | {cfg.loss} (tau {cfg.tau}) | BERT_F's views: hidden states "
-          f"{layers[0]}..{layers[-1]} ({len(layers)})")
+    kind = "pairs" if isinstance(examples[0], tuple) else "sentences"
+    print(f"{len(examples)} {kind} | {total} steps of {cfg.batch_size} | {cfg.loss} (tau {cfg.tau})"
+          f" | BERT_F's views: hidden states {layers[0]}..{layers[-1]} ({len(layers)})")
     return Run(cfg=cfg, bert_F=bert_F, bert_T=bert_T, head=head, optimizer=optimizer,
                trainable=[p for g in optimizer.param_groups for p in g["params"]], layers=layers,
                total=total, tokenizer=tokenizer,
@@ -547,8 +542,6 @@ def main(argv=None):
         vectors = evaluate.sentence_vectors(model, evaluate.eval_tokenizer(tokenizer, model.config),
                                             cfg.eval_pooling, batch_size=cfg.eval_batch_size)
         return final_report(cfg, vectors, data_dir, None, device)
-    if rank == 0:
-        cli.warn_slow_bf16(cfg.precision, device.type)  # bf16 on a CPU without bf16 units: slow
     return train(build_run(cfg, *load_inputs(cfg), device, rank, world))
 
 

@@ -62,7 +62,7 @@ from typing import NamedTuple
 
 import checkpoint
 import data
-from lab import eval_data
+from lab import cpu, eval_data
 from checkpoint import LoadError
 from cli import at_least, die, git_sha, seed_value
 
@@ -925,7 +925,7 @@ def pretrain(args, dest):
           f"{n_params / 1e6:.1f}M parameters | {text['train_sentences']:,} sentences, {text['train_tokens']:,} tokens "
           f"({text['held_out_sentences']} held out), {seqs} | {args.steps} steps of {args.batch_size} "
           f"({args.steps / run['order'].per_epoch:.1f} epochs) | lr {args.lr}", flush=True)
-    cli.warn_slow_bf16(args.precision, args.device)
+    cpu.warn_slow_bf16(args.precision, args.device)
     state = {"args": identity(args, text), "step": 0, "history": [], "tokens": 0, "seconds": 0.0, "parts": []}
     if run["state_file"].exists() and not args.fresh:
         state = load_state(run["state_file"], model, head, optimizer, args, state["args"])
