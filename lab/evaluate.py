@@ -227,6 +227,7 @@ def check_metadata(ck):
         raise checkpoint.LoadError(f"{path}: it holds the tensors {', '.join(sorted(fitted))} of a "
                                    "fitted transform but no metadata 'transform' saying what they "
                                    "are; re-create it with python -m lab.train")
+    posthoc.check_transform(ck)  # its tensors against the model's width
     if info:
         args_pooling = (meta.get("args") or {}).get("pooling")
         if pooling is None or (meta.get("method") in ("whitening", "flow")

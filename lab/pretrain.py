@@ -62,7 +62,7 @@ from typing import NamedTuple
 
 import checkpoint
 import data
-from lab import cpu, eval_data
+from lab import cpu, eval_data, files
 from checkpoint import LoadError
 from cli import at_least, die, git_sha, seed_value
 
@@ -683,7 +683,7 @@ def write_folder(dest, model, head, tokenizer, record, replace=False):
     tensors = {"bert." + k: v.detach().cpu().float() for k, v in model.state_dict().items()}
     tensors.update({"cls.predictions." + k: v.detach().cpu().float() for k, v in head.state_dict().items()})
     tmp = checkpoint.temp_path(dest)
-    checkpoint.clean_leftovers(dest)
+    files.clean_leftovers(dest)
     try:
         tmp.mkdir()
         checkpoint.atomic_write(tmp / "model.safetensors",
@@ -838,7 +838,7 @@ def main(argv=None):
     dest = checkpoint.WEIGHTS / args.name
     outputs = [dest, *(intermediate(args, step) for step in args.keep_at)]
     for path in outputs:  # what killed runs left of them: temp folders (a kill runs no clean-up of its own)
-        checkpoint.clean_leftovers(path)
+        files.clean_leftovers(path)
     if dest.is_symlink() or (dest.exists() and not dest.is_dir()):
         die(f"{dest} is a {'symbolic link' if dest.is_symlink() else 'file'}, not a model folder: pretrain.py writes "
             "a folder there; move it away or choose another --name")

@@ -167,8 +167,8 @@ def inputs(run, s1, s2):
     are its templates). Side 2 reads the paraphrases of --data's pairs, else side 1's sentences again: the same
     tensors when both sides read alike."""
     t1, t2 = run.method.tokenizers
-    x1 = train.tensors(run, t1, s1)
-    return x1, (x1 if s2 is None and t2 is t1 else train.tensors(run, t2, s1 if s2 is None else s2))
+    x1 = train.batch(run, t1, s1)
+    return x1, (x1 if s2 is None and t2 is t1 else train.batch(run, t2, s1 if s2 is None else s2))
 
 # -----------------------------------------------------------------------------
 # setup
@@ -209,7 +209,7 @@ def build_run(cfg, bert_F, tokenizer, examples, data_dir, device, rank=0, world=
 
 
 def setup(cfg, device, rank=0, world=1):
-    return build_run(cfg, *train.load_inputs(cfg), device, rank, world)
+    return build_run(cfg, *train.read_setup(cfg), device, rank, world)
 
 
 def check_neg_layers(cfg, l):
@@ -234,7 +234,7 @@ def main(argv=None):
             die(f"--loss {cfg.loss} is fitted in one process: run it with python, not torchrun")
         return fit_posthoc(cfg, device)
     if cfg.eval_only:
-        model, tokenizer, _, data_dir = train.load_inputs(cfg)
+        model, tokenizer, _, data_dir = train.read_setup(cfg)
         model = model.to(device)
         vectors = lab_evaluate.sentence_vectors(model, evaluate.eval_tokenizer(tokenizer, model.config),
                                                cfg.eval_pooling, batch_size=cfg.eval_batch_size,
@@ -249,7 +249,7 @@ def main(argv=None):
 def fit_posthoc(cfg, device):
     """--loss whitening | flow: the training sentences' vectors from the base model, the transform fitted on them,
     saved with the base weights (its tensors under checkpoint.TRANSFORM_PREFIX), then the usual final report."""
-    model, tokenizer, examples, data_dir = train.load_inputs(cfg)
+    model, tokenizer, examples, data_dir = train.read_setup(cfg)
     sentences = [s for e in examples for s in (e if isinstance(e, tuple) else (e,))]  # pairs: both sides
     H = model.config.hidden_size
     if cfg.whiten_dim and cfg.whiten_dim > H:
