@@ -629,7 +629,7 @@ def temp_path(path, kind="tmp"):
 
 
 def clean_leftovers(path):
-    """Remove killed runs' leftovers beside path: .NAME.PID.tmp files or folders of dead processes."""
+    """Remove killed runs' leftovers beside path: .NAME.PID.tmp files or folders."""
     for p in leftovers(path, "tmp"):
         try:
             shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
@@ -638,7 +638,7 @@ def clean_leftovers(path):
 
 
 def leftovers(path, kind):
-    """The files or folders .NAME.PID.<kind> beside path whose process is dead (temp_path's names)."""
+    """The files or folders .NAME.PID.<kind> beside path whose process is dead (temp_path)."""
     out = []
     for p in sorted(path.parent.glob(f".{glob.escape(path.name)}.*.{kind}")):
         pid = p.name[len(path.name) + 2:-len(kind) - 1]

@@ -196,14 +196,12 @@ def add_run_flags(a):
     method, the core's and the lab's."""
     a("--data", default="stsb", help="'stsb' (STS-B's 17,256 sentences, as the official code; "
       "default), a text file (a sentence a line), or a .tsv of 'sentence<TAB>paraphrase' pairs: "
-          "the "
-      "paraphrase makes side 2 (BERT_F's views for the SG family)")
+      "the paraphrase makes side 2 (BERT_F's views for the SG family)")
     a("--data-dir", default=None, help="data folder (default: $SG_DATA, else ./data)")
     a("--epochs", type=at_least(1), default=1, help="passes over the data (default: %(default)s)")
     a("--max-steps", type=at_least(0), default=0, help="stop after N steps (default 0: the epochs)")
     a("--eval-every", type=at_least(1), default=50, help="STS-B dev evaluation every N steps, and "
-      "at "
-      "step 0 and the last step (default: %(default)s)")
+      "at step 0 and the last step (default: %(default)s)")
     a("--patience", type=at_least(0), default=10, help="early stop after N counted evaluations (0: "
       "never; default: %(default)s); see --early-stop")
     a("--early-stop", default="code", choices=["code", "best"], help="code (default): count the "
@@ -220,8 +218,7 @@ def add_run_flags(a):
     a("--eval-only", action="store_true", help="sanity check: score the base model and exit (the "
       "paper's untrained [CLS] baseline)")
     a("--seed", type=seed_value, default=1, help="the head's init, the shuffle, the layer draws "
-      "and "
-      "dropout (default: %(default)s)")
+      "and dropout (default: %(default)s)")
     a("--device", default="auto", choices=["auto", "cpu", "cuda"], help="auto (default): cuda when "
       "available")
     a("--precision", choices=["fp32", "bf16"], default="fp32", help="fp32 (default, on every "
@@ -229,11 +226,9 @@ def add_run_flags(a):
       "stays fp32); faster only with bf16 matrix units")
     a("--log-every", type=at_least(1), default=10, help="a log line every N steps (default: 10)")
     a("--overfit-batch", action="store_true", help="sanity check: train on the first batch again "
-      "and "
-      "again (the loss must fall)")
+      "and again (the loss must fall)")
     a("--eval-batch-size", type=at_least(1), default=128, help="batch of the dev encoding "
-      "(default: "
-      "%(default)s)")
+      "(default: %(default)s)")
 
 
 class Counter:
