@@ -233,7 +233,6 @@ def load(name_or_path, tensors=True):
     if src.suffix == ".safetensors" or src.is_file():
         path = check_checkpoint_path(src)
         t, meta, sha = read_safetensors(path, tensors)
-        check_transform(path, meta, t, meta.get("config"))
         return Checkpoint(path, path, t, meta, meta.get("config"), f"{path} (metadata 'config')",
                           meta.get("tokenizer"), sha)
     weights, config = src / "model.safetensors", src / "config.json"
@@ -319,32 +318,6 @@ def read_recorded(folder, weights):
         raise LoadError(f"{weights}: sha256 {out[2][:12]}..., not the {want[:12]}... its "
                         f"pretrain.json records: the file is damaged or another model's; {fix}")
     return out
-
-
-def check_transform(path, meta, tensors, config):
-    """A fitted transform's tensors (META 'transform') against the model's width H, its hidden_size:
-    a LoadError naming file and key, not a shape error at the first encoding or a wrong-width Dense
-    in an export. posthoc.transform_of names missing ones; a header-only read checks nothing."""
-    info, H = meta.get("transform"), config.get("hidden_size") if isinstance(config, dict) else None
-    if not tensors or not info or not isinstance(H, int):
-        return
-    if info.get("kind") == "whitening":
-        for k, want in (("mu", [H]), ("W", [H, info.get("dim")])):
-            got = (list(tensors[TRANSFORM_PREFIX + k].shape) if TRANSFORM_PREFIX + k in tensors
-                   else None)
-            if got is not None and (len(got) != len(want)
-                                    or any(w not in (None, g) for g, w in zip(got, want))):
-                want = ", ".join(str(w or "K") for w in want)
-                raise LoadError(f"{path}: its whitening (metadata 'transform') cannot be rebuilt: "
-                                f"tensor '{TRANSFORM_PREFIX}{k}' has shape {got}, not [{want}] "
-                                f"(H {H}: metadata 'config' hidden_size; K: metadata 'transform' "
-                                f"dim); fit it again: python -m lab.train --loss whitening")
-    flow = (info.get("config")
-            if info.get("kind") == "flow" and isinstance(info.get("config"), dict) else {})
-    if flow.get("dim", H) != H:
-        raise LoadError(f"{path}: its flow (metadata 'transform') cannot be rebuilt: it maps "
-                        f"{flow['dim']} dimensions, the model's vectors have {H} (metadata "
-                        f"'config' hidden_size); fit it again: python -m lab.train --loss flow")
 
 
 def read_metadata(path):
@@ -518,25 +491,6 @@ def staged(path, write):
     return tmp
 
 
-def write_pair(path, text, record_path, record):
-    """A text file and its JSON record, which names the text's sha256: two files that change
-    together. Both are staged first, then the old record is removed, the text renamed in, the record
-    last. An error before the renames changes neither; a kill between them leaves the old or new
-    text without a record, never another text's record (readers check its sha256)."""
-    paths, tmps = [Path(os.path.realpath(p)) for p in (path, record_path)], []
-    try:
-        for p, data in zip(paths, (text.encode("utf-8"), json_text(record).encode("utf-8"))):
-            tmps.append(staged(p, lambda f: f.write(data)))
-        if os.path.lexists(paths[1]):
-            os.remove(paths[1])
-        for tmp, p in zip(tmps, paths):
-            os.replace(tmp, p)
-    finally:
-        for tmp in tmps:
-            if os.path.exists(tmp):
-                os.remove(tmp)
-
-
 def write_text(path, text):
     atomic_write(path, lambda f: f.write(text.encode("utf-8")))
 
@@ -675,21 +629,22 @@ def temp_path(path, kind="tmp"):
 
 
 def clean_leftovers(path):
-    """Remove killed runs' leftovers beside path: .NAME.PID.tmp files or folders of dead processes;
-    a folder .NAME.PID.old (an export's old path) is put back if path is gone, else removed."""
-    for p in sorted(path.parent.glob(f".{glob.escape(path.name)}.*")):
-        pid, _, kind = p.name[len(path.name) + 2:].partition(".")
-        if kind not in ("tmp", "old") or not pid.isdigit() or pid_alive(int(pid)):
-            continue  # not ours, or its writer is still running
-        if kind == "old" and not os.path.lexists(path):
-            os.rename(p, path)
-            print(f"note: put {path} back from {p.name}, where an interrupted export had left it",
-                  file=sys.stderr)
-            continue
+    """Remove killed runs' leftovers beside path: .NAME.PID.tmp files or folders."""
+    for p in leftovers(path, "tmp"):
         try:
             shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
         except OSError:
             pass  # a leftover we cannot remove is no reason to fail this save
+
+
+def leftovers(path, kind):
+    """The files or folders .NAME.PID.<kind> beside path whose process is dead (temp_path)."""
+    out = []
+    for p in sorted(path.parent.glob(f".{glob.escape(path.name)}.*.{kind}")):
+        pid = p.name[len(path.name) + 2:-len(kind) - 1]
+        if pid.isdigit() and not pid_alive(int(pid)):
+            out.append(p)
+    return out
 
 
 def pid_alive(pid):

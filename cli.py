@@ -191,63 +191,17 @@ def cpuinfo(path="/proc/cpuinfo"):
     return out
 
 
-def bf16_matmul_speedup(n=1024, repeats=3):
-    """How much faster a bf16 matrix product runs than an fp32 one on this CPU, measured now (the
-    best of `repeats` n^3 torch.matmul each, a few ms): what --precision bf16 can gain, since bf16
-    instructions alone do not make it fast. Only a note depends on it, never a number."""
-    import time
-    import torch
-    gen = torch.Generator().manual_seed(0)
-    a, b = torch.randn(n, n, generator=gen), torch.randn(n, n, generator=gen)
-    best = {}
-    for dtype in (torch.float32, torch.bfloat16):
-        x, y = a.to(dtype), b.to(dtype)
-        x @ y  # warm-up: oneDNN builds its kernel on the first call
-        times = []
-        for _ in range(repeats):
-            t = time.perf_counter()
-            x @ y
-            times.append(time.perf_counter() - t)
-        best[dtype] = min(times)
-    return best[torch.float32] / best[torch.bfloat16]
-
-
-def warn_slow_bf16(precision, device):
-    """One stderr line when bf16 is asked for on a CPU where it will not beat fp32: without a bf16
-    unit (its products emulated: runtime.Bf16Products), or with one whose bf16 products measure
-    under x1.5 of fp32's (bf16_matmul_speedup), since the casts around them eat the rest."""
-    if precision != "bf16" or device != "cpu":
-        return
-    kind = cpu_kind()
-    if not kind["bf16_unit"]:
-        print(f"note: --precision bf16 on a CPU without bf16 matrix instructions ({kind['model']}, "
-              f"{kind['capability']}): its matrix products are emulated in fp32 (a bf16 unit's "
-              "numbers, at about fp32's speed, not faster); bf16 pays only on a CPU with "
-              "AVX512-BF16 or AMX, or a GPU", file=sys.stderr)
-        return
-    speedup = bf16_matmul_speedup()
-    if speedup < 1.5:
-        print(f"note: --precision bf16 on this CPU ({kind['model']}, {kind['capability']}): its "
-              f"bf16 matrix products run at x{speedup:.2f} of fp32's (1024^3 torch.matmul, "
-              "measured now), so bf16 will be "
-              f"{'slower than' if speedup < 1 else 'about as fast as'} fp32 here (fp32 is the "
-              "exact precision); bf16 pays on a CPU whose bf16 products are several times fp32's "
-              "(AMX; some AVX512-BF16 CPUs) or a GPU", file=sys.stderr)
-
-
 def add_run_flags(a):
     """train.py's flags of the run (data, schedule, selection, output, device): shared by every
     method, the core's and the lab's."""
     a("--data", default="stsb", help="'stsb' (STS-B's 17,256 sentences, as the official code; "
       "default), a text file (a sentence a line), or a .tsv of 'sentence<TAB>paraphrase' pairs: "
-          "the "
-      "paraphrase makes side 2 (BERT_F's views for the SG family)")
+      "the paraphrase makes side 2 (BERT_F's views for the SG family)")
     a("--data-dir", default=None, help="data folder (default: $SG_DATA, else ./data)")
     a("--epochs", type=at_least(1), default=1, help="passes over the data (default: %(default)s)")
     a("--max-steps", type=at_least(0), default=0, help="stop after N steps (default 0: the epochs)")
     a("--eval-every", type=at_least(1), default=50, help="STS-B dev evaluation every N steps, and "
-      "at "
-      "step 0 and the last step (default: %(default)s)")
+      "at step 0 and the last step (default: %(default)s)")
     a("--patience", type=at_least(0), default=10, help="early stop after N counted evaluations (0: "
       "never; default: %(default)s); see --early-stop")
     a("--early-stop", default="code", choices=["code", "best"], help="code (default): count the "
@@ -264,8 +218,7 @@ def add_run_flags(a):
     a("--eval-only", action="store_true", help="sanity check: score the base model and exit (the "
       "paper's untrained [CLS] baseline)")
     a("--seed", type=seed_value, default=1, help="the head's init, the shuffle, the layer draws "
-      "and "
-      "dropout (default: %(default)s)")
+      "and dropout (default: %(default)s)")
     a("--device", default="auto", choices=["auto", "cpu", "cuda"], help="auto (default): cuda when "
       "available")
     a("--precision", choices=["fp32", "bf16"], default="fp32", help="fp32 (default, on every "
@@ -273,11 +226,9 @@ def add_run_flags(a):
       "stays fp32); faster only with bf16 matrix units")
     a("--log-every", type=at_least(1), default=10, help="a log line every N steps (default: 10)")
     a("--overfit-batch", action="store_true", help="sanity check: train on the first batch again "
-      "and "
-      "again (the loss must fall)")
+      "and again (the loss must fall)")
     a("--eval-batch-size", type=at_least(1), default=128, help="batch of the dev encoding "
-      "(default: "
-      "%(default)s)")
+      "(default: %(default)s)")
 
 
 class Counter:

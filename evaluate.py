@@ -324,7 +324,6 @@ def main(argv=None):
     del ck  # its tensors: the model holds its own copy
     args.pooling = args.pooling or meta.get("pooling") or "cls"  # the method's evaluation pooling
     model.to(device)
-    cli.warn_slow_bf16(args.precision, device)
     vectors = sentence_vectors(model, tokenizer, args.pooling, args.layer, args.batch_size,
                                log=progress, precision=args.precision)
     try:

@@ -8,12 +8,8 @@ Two copies of BERT: BERT_F stays frozen, BERT_T is trained. For sentence i, c_i 
 vector, and h_ik is BERT_F's hidden state k averaged over the tokens, for every k = 0..l. A head f
 maps both; sg_loss.sg_opt pulls f(c_i) towards its own views and away from other sentences' views.
 lam * ||BERT_T - BERT_F||^2 keeps BERT_T near BERT_F. train_step is one such step, top to bottom.
-
 The ablations sg, opt1 and opt2 (Table 5) see one view per sentence, its layer drawn at random.
-Where the official code (galsang/SG-BERT) and the paper differ we follow the code, and each such
-choice is a flag. Other methods run in the lab on this loop: python -m lab.train --loss simcse.
-STS-B dev is scored at step 0 (the base model), every --eval-every steps and at the end; the best
-trained weights go to --out. torchrun runs several processes (runtime.py).
+Where the official code (galsang/SG-BERT) and the paper differ we follow the code, with a flag.
 """
 import argparse
 import contextlib
@@ -94,7 +90,7 @@ def add_sg_flags(a):
 
 @dataclass
 class Run:
-    """What a training run holds, built once by build_run(): all the step and the loop read."""
+    """What a training run holds, built once by build_run()."""
     cfg: argparse.Namespace  # the resolved config: every flag (saved as 'args')
     bert_F: torch.nn.Module  # frozen: the views h_ik, and the base weights of the regulariser
     bert_T: torch.nn.Module  # the trained copy; DDP-wrapped on several processes (raw() unwraps)
@@ -117,27 +113,20 @@ class Run:
         bf16 = self.cfg.precision == "bf16"
         return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=bf16)
 
-    def gather(self, x):
-        """x (b_local, ...) of every process in rank order -> (b, ...); x itself on one process."""
-        return gather(x) if self.world > 1 else x
-
-    def step(self, step, s1, s2):
-        """One training step on a batch of sentences (s2: their paraphrases, or None)."""
+    def step(self, step, s1, s2):  # s2: the paraphrases, or None
         return train_step(self, step, *inputs(self, s1, s2))
 
-    def vectors(self, model):
-        """sentences -> (n, H): the vectors the dev score and the final report read."""
+    def vectors(self, model):  # sentences -> (n, H), for the dev score and the final report
         return evaluate.sentence_vectors(model, self.eval_tokenizer, self.cfg.eval_pooling,
                                          batch_size=self.cfg.eval_batch_size)
 
-    def record(self):
-        """What the --json record says beyond the scores (the lab: DiffCSE's generator)."""
+    def record(self):  # what --json says beyond the scores (the lab's: DiffCSE's generator)
         return {}
 
 
 def train_step(run, step, x1, x2):
-    """One step of SG-OPT (or of an ablation). x1, x2: (ids, mask) of the sentences of c_i and of
-    the views (the same, or their paraphrases). -> loss, lam * L^reg, the gradient norm, the lr."""
+    """One step of SG-OPT (or an ablation). x1, x2: (ids, mask) of c_i's and the views' sentences.
+    -> loss, lam * L^reg, the gradient norm, the lr."""
     cfg = run.cfg
     # h_ik: BERT_F's hidden states k = run.layers, each pooled over the tokens -> (b, L, H)
     with torch.no_grad(), run.autocast():
@@ -196,8 +185,7 @@ def get_lr(step, total, peak):
 
 
 def batches(run):
-    """Endless shuffled epochs of (sentences, paraphrases or None): this process's share of each
-    global batch. A short last batch is cut to whole shares; below 2 sentences, skipped."""
+    """Endless shuffled epochs of (sentences, paraphrases or None), this process's share."""
     b = run.cfg.batch_size
     while True:
         perm = torch.randperm(len(run.examples), generator=run.gen).tolist()
@@ -213,18 +201,17 @@ def batches(run):
 
 def inputs(run, s1, s2):
     """(ids, mask) of c_i's sentences and of the views': the paraphrases, else the same tensors."""
-    x1 = tensors(run, run.tokenizer, s1)
-    return x1, (x1 if s2 is None else tensors(run, run.tokenizer, s2))
+    x1 = batch(run, run.tokenizer, s1)
+    return x1, (x1 if s2 is None else batch(run, run.tokenizer, s2))
 
 
-def tensors(run, tokenizer, sentences):
+def batch(run, tokenizer, sentences):  # -> (ids, mask) on the run's device
     pad = raw(run.bert_T).config.pad_token_id
     return bert.batch_tensors(tokenizer.encode_batch(sentences), pad, run.device)
 
 
 def train_loop(run, keeper):
-    """Steps, log lines, dev evaluations (step 0, every --eval-every steps, the last step), the best
-    checkpoint, early stop. -> (why it stopped early, or None; stats)."""
+    """Steps, log lines, dev evaluations, the best checkpoint. -> (why it stopped early; stats)."""
     cfg = run.cfg
     stats = dict(history=[], scores=[], step=0, t_start=time.time(), train_seconds=0.0,
                  eval_seconds=[])
@@ -268,14 +255,14 @@ def train_loop(run, keeper):
 
 
 def eta_seconds(step, total, eval_every, seconds_per_step, seconds_per_eval):
-    """Seconds left after `step` steps: the steps, and the evaluations to come at their mean."""
+    """Seconds left: the steps, and the evaluations to come at their mean."""
     evals = total // eval_every - (step - 1) // eval_every + (total % eval_every != 0)
     return (total - step) * seconds_per_step + evals * seconds_per_eval
 
 
 def early_stop(scores, rule, patience):
-    """Stop now? 'code' (the official code's): count the scores below the one before (the first
-    against 0), never reset; 'best': count them since the last new best. 0: never."""
+    """'code' (the official code's): count the scores below the one before (the first against
+    0), never reset; 'best': count them since the last new best. patience 0: never stop."""
     if not patience:
         return False
     if rule == "code":
@@ -306,10 +293,8 @@ def evaluation(run, keeper, stats, step):
 
 
 class BestCheckpoint:
-    """The best weights so far, in --out, written atomically at each new best dev score. Step 0 (the
-    base model) is the bar, never selected (the official codes' rule), unless --select any: then the
-    base weights are written at the end if nothing beat them. An existing --out (--overwrite) is
-    kept until this run has a checkpoint of its own."""
+    """The best weights so far, in --out, written at each new best dev score. Step 0 (the base
+    model) is the bar, never selected (the official codes' rule), unless --select any."""
 
     def __init__(self, run):
         self.run, self.out = run, run.cfg.out
@@ -329,14 +314,14 @@ class BestCheckpoint:
     def save(self, model, step, dev):
         best = {"step": step, "dev": dev}
         meta = {**self.run.meta, "config": model.config.to_dict(), "best": best}
-        tensors = model.tensors()
-        bad = [k for k, v in tensors.items()
+        weights = model.tensors()
+        bad = [k for k, v in weights.items()
                if v.is_floating_point() and not torch.isfinite(v).all()]
         if bad:  # never kept, whatever its score
             die(f"non-finite weights (NaN or inf) in {', '.join(bad[:2])} at step {step}; "
                 f"{self.kept()}")
         try:
-            checkpoint.save_checkpoint(self.out, tensors, meta)
+            checkpoint.save_checkpoint(self.out, weights, meta)
         except OSError as e:  # e.g. a full disk: the file in place is intact (the write is atomic)
             die(f"cannot write {self.out} ({e.strerror or e}); {self.kept()}")
         self.saved = {"step": step, "dev": dev}  # only once the file is in place
@@ -352,7 +337,7 @@ class BestCheckpoint:
             if step > 0:  # the base model is written at the end only, if it stays the best
                 self.save(raw(self.run.bert_T), step, dev)
 
-    def finish(self):
+    def settle(self):  # at the end: the base model written if it stayed the best (--select any)
         if self.best["step"] == 0:  # --select any, and the base model stayed the best (BERT_F)
             self.save(self.run.bert_F, 0, self.best["dev"])
         elif self.best["step"] > 0 and self.base > self.best["dev"]:  # a trained one was kept
@@ -362,8 +347,8 @@ class BestCheckpoint:
 
 
 def finish(run, keeper, stop, stats):
-    """The final report on the best checkpoint: the --json result (None: no checkpoint written)."""
-    keeper.finish()
+    """The final report on the best checkpoint -> the --json result (None: none written)."""
+    keeper.settle()
     wall, step = time.time() - stats["t_start"], stats["step"]
     if stop:
         print(f"{stop}; {keeper.kept()}")
@@ -381,9 +366,8 @@ def finish(run, keeper, stop, stats):
 
 
 def final_report(cfg, vectors, data_dir, best, device):
-    """STS-B dev and test Spearman of the best weights (the official code evaluates the last ones by
-    mistake), the test's encoding time (the paper's Table 6), and with --eval-all the 7 STS tasks.
-    vectors: sentences -> (n, H), as evaluate.py --ckpt encodes them."""
+    """STS-B dev and test of the best weights (the official code evaluates the last ones), the
+    test's encoding time (Table 6), with --eval-all the 7 STS tasks."""
     print("encoding STS-B dev and test ...", flush=True)
     dev = evaluate.stsb_spearman(vectors, data_dir, "dev")
     runtime.sync(device)
@@ -404,7 +388,7 @@ def final_report(cfg, vectors, data_dir, best, device):
 
 
 def write_result(path, result):
-    """--json, atomically; a write that fails now (e.g. a full disk) is one line, exit 1."""
+    """--json, atomically; a failed write is one line, exit 1."""
     if not path or result is None:
         return
     try:
@@ -417,8 +401,8 @@ def write_result(path, result):
 # setup
 
 
-def load_inputs(cfg):
-    """The base model, its tokenizer, the training examples and the data folder, checked first."""
+def read_setup(cfg):
+    """The base model, its tokenizer, the training examples and the data folder."""
     try:
         model = bert.Bert.from_pretrained(cfg.model)
         max_len = min(cfg.max_len, model.config.max_position_embeddings)
@@ -435,9 +419,8 @@ def load_inputs(cfg):
     if len(examples) < 2:
         die(f"--data {cfg.data}: {len(examples)} sentence(s); training needs at least 2")
     if cfg.data == "stsb":
-        print("note: the STS-B dev and test sentences are part of the unlabelled training data, as "
-            "in "
-              "the paper (no labels are used)")
+        print("note: the STS-B dev and test sentences are part of the unlabelled training data, "
+              "as in the paper (no labels are used)")
     return model, tokenizer, examples, data_dir
 
 
@@ -452,9 +435,9 @@ def build_run(cfg, bert_F, tokenizer, examples, data_dir, device, rank=0, world=
     optimizer = adamw([bert_T, head], cfg)
     bert_T, head = runtime.wrap(bert_T, head, device, world)
     total = steps(cfg, examples, world)
-    print(f"{len(examples)} {'pairs' if isinstance(examples[0], tuple) else 'sentences'} | {total} "
-          f"steps of {cfg.batch_size} | {cfg.loss} (tau {cfg.tau}) | BERT_F's views: hidden states "
-          f"{layers[0]}..{layers[-1]} ({len(layers)})")
+    kind = "pairs" if isinstance(examples[0], tuple) else "sentences"
+    print(f"{len(examples)} {kind} | {total} steps of {cfg.batch_size} | {cfg.loss} (tau {cfg.tau})"
+          f" | BERT_F's views: hidden states {layers[0]}..{layers[-1]} ({len(layers)})")
     return Run(cfg=cfg, bert_F=bert_F, bert_T=bert_T, head=head, optimizer=optimizer,
                trainable=[p for g in optimizer.param_groups for p in g["params"]], layers=layers,
                total=total, tokenizer=tokenizer,
@@ -473,8 +456,7 @@ def two_berts(cfg, bert_F, device):
 
 
 def adamw(modules, cfg):
-    """AdamW with transformers' eps and the code's betas, weight decay on weight matrices only
-    (BERT's recipe); fused: one kernel over all parameters (about 5x the loop's speed on a CPU)."""
+    """AdamW as the code's (betas 0.9, eps 1e-6), decay on weight matrices only; fused."""
     decay, no_decay = [], []
     for m in modules:
         for name, p in m.named_parameters():
@@ -493,7 +475,7 @@ def steps(cfg, examples, world):
 
 
 def view_layers(spec, n_hidden):
-    """The hidden states of BERT_F (0 = embeddings .. l) that give views, from 'A:B'."""
+    """The hidden states of BERT_F (0 = embeddings .. l) named by 'A:B'."""
     layers = list(range(n_hidden))[layer_slice(spec)]
     if not layers:
         die(f"--layers {spec}: selects none of the {n_hidden} hidden states 0..{n_hidden - 1}")
@@ -507,13 +489,13 @@ def run_meta(cfg, tokenizer):
 
 
 def base_meta(model):
-    """The base model as a checkpoint names it: its name, and the sha256 of its weights on disk."""
+    """The base model's name, and the sha256 of its weights on disk."""
     sha = checkpoint.weights_sha256(model)
     return {"base_model": checkpoint.display_name(model), **({"base_sha256": sha} if sha else {})}
 
 
 def header(cfg, device, world=1):
-    """The run's first line: the code, the device, the flags, the model's own name, the data."""
+    """The run's first line: the code, the device, the flags."""
     flags = {**vars(cfg), "data_dir": data.data_dir_from(cfg.data_dir)[0].resolve()}
     name = cli.model_name(cfg.model)
     flags["model"] = name if name == str(cfg.model) else f"{name} ({cfg.model})"
@@ -522,7 +504,7 @@ def header(cfg, device, world=1):
 
 
 def check_config(cfg):
-    """Bad paths refused before any work starts, in one line that names the problem."""
+    """Bad paths refused before any work starts."""
     try:
         cfg.eval_only or checkpoint.check_checkpoint_path(cfg.out, write=True)
         cfg.json and checkpoint.check_output(cfg.json, ".json")
@@ -542,18 +524,16 @@ def main(argv=None):
     rank, world, device = runtime.init(cfg)
     print(header(cfg, device, world))
     if cfg.eval_only:
-        model, tokenizer, _, data_dir = load_inputs(cfg)
+        model, tokenizer, _, data_dir = read_setup(cfg)
         model = model.to(device)
         vectors = evaluate.sentence_vectors(model, evaluate.eval_tokenizer(tokenizer, model.config),
                                             cfg.eval_pooling, batch_size=cfg.eval_batch_size)
         return final_report(cfg, vectors, data_dir, None, device)
-    if rank == 0:
-        cli.warn_slow_bf16(cfg.precision, device.type)  # bf16 on a CPU without bf16 units: slow
-    return train(build_run(cfg, *load_inputs(cfg), device, rank, world))
+    return train(build_run(cfg, *read_setup(cfg), device, rank, world))
 
 
 def train(run):
-    """The loop, the final report and the exit code, for SG-OPT and for the lab's methods."""
+    """The loop, the final report and the exit code (the lab's methods' too)."""
     with contextlib.ExitStack() as held:
         held.enter_context(runtime.bf16_products(run.cfg.precision, run.device.type))
         keeper = None

@@ -90,13 +90,19 @@ def forward(model, ids, mask=None, position_ids=None, embedding_fn=None):
     to the embedding output (b, T, H) before layer 1 (the cutoffs; DiffCSE's conditioning). Torch module hooks
     on the embeddings, for this call only: a DDP wrapper still runs its own forward."""
     import runtime
-    emb, hooks = runtime.raw(model).embeddings, []
-    if position_ids is not None:  # the positions' embedding takes position_ids, not arange(T)
-        hooks.append(emb.position_embeddings.register_forward_pre_hook(lambda m, args: (position_ids,)))
-    if embedding_fn is not None:
-        hooks.append(emb.register_forward_hook(lambda m, args, out: embedding_fn(out)))
+    hooks = embedding_hooks(runtime.raw(model), position_ids, embedding_fn)
     try:
         return model(ids, mask)
     finally:
         for h in hooks:
             h.remove()
+
+
+def embedding_hooks(bert, position_ids=None, embedding_fn=None):
+    """The handles of forward's two hooks on bert's embeddings, registered until removed."""
+    emb, hooks = bert.embeddings, []
+    if position_ids is not None:  # the positions' embedding takes position_ids, not arange(T)
+        hooks.append(emb.position_embeddings.register_forward_pre_hook(lambda m, args: (position_ids,)))
+    if embedding_fn is not None:
+        hooks.append(emb.register_forward_hook(lambda m, args, out: embedding_fn(out)))
+    return hooks

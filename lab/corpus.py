@@ -5,7 +5,7 @@ sentence per line, an empty line between documents, the sentences of a document 
 sentence-pair objective such as next-sentence prediction stays possible). Beside it, <out>.json records each source's
 package, registry, installed version, licence, the files read (globs under the package's folder, and how many: with
 the version, that names them exactly; no path of this machine) and what was kept, and the output's sha256 and totals.
-The two are written as a pair (checkpoint.write_pair): both staged first, then the old record removed, the text renamed
+The two are written as a pair (files.write_pair): both staged first, then the old record removed, the text renamed
 in, the record last, so a kill leaves the old text or the new one and never a record of another text beside it (and a
 reader, pretrain.py --add-text, compares the record's sha256 with the file's).
 
@@ -51,6 +51,7 @@ from pathlib import Path
 
 import checkpoint
 import cli
+from lab.files import write_pair
 
 DEFAULT_OUT = "text/packages.txt"
 DEFAULT_NPM_ROOT = Path.home() / ".sgbert-text"  # where `npm install --prefix` put node_modules/
@@ -581,7 +582,7 @@ def read_source(source, files, seen, documents):
 
 def build(names, out, npm_root=DEFAULT_NPM_ROOT, system_root=Path("/"), log=print, allow_partial=False):
     """Read the named sources, write `out` (one sentence a line, a blank line between documents) and `out`.json as a
-    pair (checkpoint.write_pair); return the record. A source whose package is missing is a line naming its install
+    pair (lab/files.py write_pair); return the record. A source whose package is missing is a line naming its install
     line, and a CorpusError before any reading unless allow_partial (then the record lists it under 'missing'); none
     found at all, a damaged package file, or an output that is one of the files read is a CorpusError."""
     found, missing = find(names, npm_root, system_root, log)
@@ -616,7 +617,7 @@ def build(names, out, npm_root=DEFAULT_NPM_ROOT, system_root=Path("/"), log=prin
     summary = {"output": Path(out).name, "sha256": hashlib.sha256(text.encode("utf-8")).hexdigest(), **total,
                "format": "one sentence per line, an empty line between documents (UTF-8)", "sources": record,
                "missing": [s.name for s in missing]}
-    checkpoint.write_pair(out, text, record_path, summary)
+    write_pair(out, text, record_path, summary)
     log(f"{'total':14s} {total['documents']:,} documents, {total['sentences']:,} sentences, {total['words']:,} words"
         f" -> {out} (sha256 {summary['sha256'][:12]})")
     if missing:

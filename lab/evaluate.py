@@ -35,11 +35,11 @@ import cli
 import evaluate
 from cli import die
 from data import TASKS, TRANSFER, DataError, load_stsb, load_task, resolve_data_dir
-from lab import posthoc, prompt, transfer, wk
+from lab import cpu, posthoc, prompt, transfer, wk
 from lab.eval_data import load_pairs_file
 
 PROG = "python -m lab.evaluate"
-POOLINGS = (*bert.POOLINGS, "wk", "prompt")  # --pooling
+LAB_POOLINGS = (*bert.POOLINGS, "wk", "prompt")  # --pooling: bert.py's and the lab's
 LAYERWISE_POOLINGS = ("cls", "mean", "max")
 EVAL_POOLINGS = (*bert.POOLINGS, "prompt")  # what a checkpoint's metadata 'pooling' may say
 PAIR_COLUMNS = ("file", "sentence1", "sentence2", "gold", "cosine")  # --pairs-out, JSON "pairs"
@@ -227,6 +227,7 @@ def check_metadata(ck):
         raise checkpoint.LoadError(f"{path}: it holds the tensors {', '.join(sorted(fitted))} of a "
                                    "fitted transform but no metadata 'transform' saying what they "
                                    "are; re-create it with python -m lab.train")
+    posthoc.check_transform(ck)  # its tensors against the model's width
     if info:
         args_pooling = (meta.get("args") or {}).get("pooling")
         if pooling is None or (meta.get("method") in ("whitening", "flow")
@@ -325,9 +326,9 @@ def get_args(argv=None):
     a("--pairs-plot", help="the paper's Figure 5: 20 gold-5 and 20 gold-0 STS-B dev pairs in 2-D "
       "(PCA), a --ckpt beside its base model, to this .png (needs matplotlib)")
     args = cli.parse(p, argv)
-    if args.pooling is not None and args.pooling not in POOLINGS:
+    if args.pooling is not None and args.pooling not in LAB_POOLINGS:
         die(f"argument --pooling: invalid choice: {args.pooling!r} (choose from "
-            f"{', '.join(POOLINGS)})")
+            f"{', '.join(LAB_POOLINGS)})")
     return args
 
 
@@ -508,7 +509,7 @@ def main(argv=None):
     args.pooling = args.pooling or meta.get("pooling") or "cls"  # the method's evaluation pooling
     args.template = prompt_template(args, meta, model, tokenizer)
     model.to(device)
-    cli.warn_slow_bf16(args.precision, device)
+    cpu.warn_slow_bf16(args.precision, device)
     name = checkpoint.display_name(args.ckpt or args.model)  # what the JSON calls it
     try:
         # --pairs alone reads only the user's files; --cosines-out scores the 7 STS tasks whatever

@@ -458,7 +458,7 @@ def curve(args, extra):
         models = report_curve(exp, args.name, seeds, out, args.plot)
     except LoadError as e:
         die(e)
-    except OSError as e:  # e.g. a full disk: the pair is left as it was (checkpoint.write_pair)
+    except OSError as e:  # e.g. a full disk: the pair is left as it was (lab/files.py write_pair)
         die(f"cannot write {e.filename or out} ({e.strerror or e}); the table above is complete: free some space and "
             "run the same command again", code=1)
     if models is None:

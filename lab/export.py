@@ -21,6 +21,7 @@ if __name__ == "__main__":
     cli.exit_on_ctrl_c("export.py")
 
 import checkpoint  # no torch: --help answers before torch loads
+from lab import files
 from checkpoint import LoadError
 from cli import die
 
@@ -59,7 +60,7 @@ def export(src, out_dir, force=False):
                         "exports (a model folder's pretrain.json, its MLM head); give another OUT_DIR")
     out.parent.mkdir(parents=True, exist_ok=True)
     with checkpoint.output_lock(out):
-        checkpoint.clean_leftovers(out)  # what an export killed mid-way left here (and the old folder, if it was set aside)
+        files.clean_leftovers(out)  # what an export killed mid-way left here (and the old folder, if it was set aside)
         if out.exists() and not out.is_dir():
             raise FileExistsError(f"{out} exists and is not a folder; choose another OUT_DIR")
         if out.is_dir() and any(out.iterdir()) and not force:
@@ -72,12 +73,12 @@ def export(src, out_dir, force=False):
             from lab.evaluate import check_metadata
             check_metadata(ck)
         model, tok = Bert.from_checkpoint(ck), bert.tokenizer_of(ck)
-        files = folder_files(path, out.name, model, tok, meta, ck.tensors)
+        contents = folder_files(path, out.name, model, tok, meta, ck.tensors)
         del ck  # its tensors: the model holds its own copy
         tmp = checkpoint.temp_path(out)
         try:
             tmp.mkdir(mode=0o755)
-            for name, content in files.items():
+            for name, content in contents.items():
                 (tmp / name).parent.mkdir(exist_ok=True)
                 if isinstance(content, bytes):  # a module's weights
                     (tmp / name).write_bytes(content)
@@ -185,7 +186,7 @@ def replace_dir(new, out):
     """Move the folder new to out, replacing out if it exists. Where the system can, the two are swapped in one
     atomic step, so out is at every instant the old folder or the new one; elsewhere out is set aside as .OUT.PID.old
     for the instant between two renames, and an error or Ctrl-C there puts it back (a kill -9 there: the next export
-    puts it back, checkpoint.clean_leftovers). The old folder is deleted once the new one is in place."""
+    puts it back, files.clean_leftovers). The old folder is deleted once the new one is in place."""
     if not os.path.lexists(out):
         os.rename(new, out)
     elif exchange(new, out):

@@ -1,16 +1,14 @@
 """
-The methods train.py runs, as one table. A method is code: which encoder makes each side of the contrast, from what
-input, pooled how (its `sides`, a function below: views_of_F, one_view_of_F, two_passes, prompt_pair, repeated_pair,
-...), the head both sides go through, its loss (sg_loss.py's equations), for the SG family the regulariser's
-gradient, and for a method with state across steps its State (ESimCSE's momentum encoder and queue). Beside the
-code: how BERT_T's output becomes the sentence vector at evaluation, and the method's own recipe's defaults for the
-shared flags. The flags that set a method and its hyperparameters live here too, with resolve_config, which applies a
-method's recipe to the flags not given and refuses, in one line, a flag that means nothing for the chosen method, and
-takes(loss, flag), the one answer to which flags a method takes.
+The lab's methods as one table. A method is code: which encoder makes each side of the contrast, from what input,
+pooled how (its `sides`, a function below: two_passes, prompt_pair, repeated_pair, ...), the head both sides go
+through, its loss (sg_loss.py's equations), and for a method with state across steps its State (ESimCSE's momentum
+encoder and queue). Beside the code: how BERT_T's output becomes the sentence vector at evaluation, and the defaults
+of the method's own recipe. The SG family (opt, sg, opt1, opt2) is the core's: train.py's train_step runs it, and its
+rows hold its flags only. resolve_config applies a method's recipe to the flags not given and refuses, in one line,
+a flag that means nothing for the method; takes(loss, flag) is the one answer to which flags a method takes.
 
-(!!) No torch at the top of this file: train.py parses its command line, and experiments.py plans its runs, from this
-table before torch loads (seconds). The functions that run in a step import torch, bert and sg_loss where they use
-them; once a run has started, such an import is a lookup in sys.modules.
+No torch at the top of this file: experiments.py plans its runs from this table before torch loads (seconds). The
+functions that run in a step import torch, bert and sg_loss where they use them.
 
 References: SG-OPT, SG, OPT1, OPT2: Kim, Yoo, Lee, ACL 2021 (section 3, Table 5) and galsang/SG-BERT; ConSERT: Yan et
 al., ACL 2021 (yym6472/ConSERT, scripts/unsup-consert-base.sh); SimCSE: Gao et al., EMNLP 2021 (princeton-nlp/SimCSE);
@@ -26,46 +24,11 @@ from lab import augment
 from lab import prompt
 from cli import at_least, die, layers_flag, positive
 
-POOLINGS = ("cls", "mean", "max", "first-last", "last2")  # bert.POOLINGS (tests/test_methods.py checks)
-
 # -----------------------------------------------------------------------------
 # each method's two sides: (run, x1, x2) -> z1, z2 through the head, in fp32 (and, for SSCL, n: more negatives), each
 # a tensor of this process's sentences (b, ...), which train_step gathers under torchrun. run: train.py's Run (the
 # encoders, the head, the config, run.method: this run's Method, whose state the sides read); x1, x2: (ids, mask) of
 # side 1's and side 2's sentences (the same tensors unless --data has pairs, or PromptBERT's second template)
-
-
-def views_of_F(run, x1, x2):
-    """SG-OPT (the paper's section 3): side 1 is c_i, BERT_T's sentence vector of x1 (b, H); side 2 the views h_ik
-    of the frozen BERT_F, its hidden states run.layers of x2, each pooled over all real tokens ([CLS]/[SEP]
-    included) -> (b, L, H). One pass of the shared head f over both -> z1 (b, p), z2 (b, L, p)."""
-    import bert
-    m = run.method
-    h = views(run, x2)  # h_ik: (b, L, H)
-    with run.autocast():
-        c = bert.pool(augmented(run.bert_T, x1, m.aug1, m.aug_gen), x1[1], run.cfg.pooling)  # c_i: (b, H)
-        return project(run.head, c, h)
-
-
-def views(run, x2):
-    """The views h_ik of x2: the frozen BERT_F's hidden states run.layers, each pooled (--view-pooling) -> (b, L, H)."""
-    import torch
-    import bert
-    m, cfg = run.method, run.cfg
-    with torch.no_grad(), run.autocast():  # BERT_F: frozen, never in the autograd graph
-        hs = augmented(run.bert_F, x2, m.aug2, m.aug_gen)
-        pool = bert.masked_mean if cfg.view_pooling == "mean" else lambda x, mask: bert.pool([x], mask, "max")
-        return torch.stack([pool(hs[k], x2[1]) for k in run.layers], 1)
-
-
-def one_view_of_F(run, x1, x2):
-    """SG, OPT1, OPT2 (Table 5): views_of_F, then one view per sentence, its layer sampled uniformly -> z1, z2 (b, p).
-    The draws are the global batch's, the same on every process (run.gen): each process takes its sentences' rows."""
-    import torch
-    z1, z2 = views_of_F(run, x1, x2)
-    b, L, _ = z2.shape
-    k = torch.randint(L, (b * run.world,), generator=run.gen)[run.rank * b:(run.rank + 1) * b].to(z2.device)
-    return z1, z2[torch.arange(b, device=z2.device), k]
 
 
 def two_passes(run, x1, x2):
@@ -149,18 +112,25 @@ def two_passes_lower(run, x1, x2):
 
 
 def views_of_F_lower(run, x1, x2):
-    """sg-opt-sscl (ours): views_of_F, and BERT_T's vectors of the --neg-layers K hidden states below its last
-    (SSCL's hidden_states[-2-i]), pooled as c_i is -> one pass of f over all -> z1 (b, p), z2 (b, L, p): BERT_F's
-    views, the positives; n (b, K, p): BERT_T's own lower layers, negatives of every anchor."""
+    """sg-opt-sscl (ours): SG-OPT's sides (train.train_step's c_i and views h_ik), and BERT_T's vectors of the
+    --neg-layers K hidden states below its last (SSCL's hidden_states[-2-i]), pooled as c_i is -> one pass of f over
+    all -> z1 (b, p), z2 (b, L, p): BERT_F's views, the positives; n (b, K, p): BERT_T's own lower layers, negatives
+    of every anchor."""
     import torch
     import bert
+    import train
     m, cfg = run.method, run.cfg
-    h = views(run, x2)  # h_ik: (b, L, H)
+    with torch.no_grad(), run.autocast():  # h_ik: BERT_F's hidden states run.layers, pooled -> (b, L, H)
+        hs_F = augmented(run.bert_F, x2, m.aug2, m.aug_gen)
+        h = torch.stack([train.view(hs_F[k], x2[1], cfg.view_pooling) for k in run.layers], 1)
     with run.autocast():
         hs = augmented(run.bert_T, x1, m.aug1, m.aug_gen)
         c = bert.pool(hs, x1[1], cfg.pooling)  # c_i: (b, H)
-        lower = torch.stack([bert.pool(hs[:-1 - i], x1[1], cfg.pooling) for i in range(cfg.neg_layers)], 1)  # (b, K, H)
-        z1, z2 = project(run.head, c, torch.cat([h, lower], 1))
+        lower = [bert.pool(hs[:-1 - i], x1[1], cfg.pooling) for i in range(cfg.neg_layers)]
+        hn = torch.cat([h, torch.stack(lower, 1)], 1)  # (b, L + K, H)
+        b, LK, H = hn.shape
+        z = run.head(torch.cat([c, hn.reshape(b * LK, H)]))  # f over c, the views and the negatives at once
+    z1, z2 = z[:b].float(), z[b:].float().view(b, LK, -1)
     L = h.shape[1]
     return z1, z2[:, :L], z2[:, L:]
 
@@ -194,14 +164,6 @@ def augmented(model, x, aug, gen):
     """model's hidden states of x = (ids, mask) with the augmentation aug inside (augment.py; none: as it is)."""
     ids, mask = x
     return augment.forward(model, ids, mask, aug.position_ids(mask, gen), aug.embedding_fn(mask, gen))
-
-
-def project(head, c, h):
-    """One pass of the shared head f over c (b, H) and h (b, L, H) -> f(c) (b, p) and f(h) (b, L, p), in fp32."""
-    import torch
-    b, L, H = h.shape
-    z = head(torch.cat([c, h.reshape(b * L, H)]))
-    return z[:b].float(), z[b:].float().view(b, L, -1)
 
 
 def through_head(head, c1, c2):
@@ -245,26 +207,14 @@ def no_head(H, cfg=None):
     return torch.nn.Identity()
 
 
-def L_opt3(z1, z2, tau, rows=None):
-    """SG-OPT's L^opt3: c_i against its views h_ik at every layer at once (z2: (b, L, p))."""
-    import sg_loss
-    return sg_loss.sg_opt(z1, z2, tau, rows=rows)
-
-
 def L_base(z1, z2, tau, rows=None):
-    """L^base, NT-Xent over the 2b vectors: SG's loss, and ConSERT's."""
+    """L^base, NT-Xent over the 2b vectors: ConSERT's loss (and the core's sg ablation's)."""
     import sg_loss
     return sg_loss.nt_xent(z1, z2, tau, rows=rows)
 
 
-def L_opt1(z1, z2, tau, rows=None):
-    """L^opt1: only c_i is an anchor; the other c_j and every h_j are its negatives: OPT1's loss."""
-    import sg_loss
-    return sg_loss.opt1(z1, z2, tau, rows=rows)
-
-
 def L_opt2(z1, z2, tau, rows=None):
-    """L^opt2: only z1_i is an anchor, against every z2_j: OPT2's loss, and SimCSE's and PromptBERT's InfoNCE."""
+    """L^opt2: only z1_i is an anchor, against every z2_j: SimCSE's and PromptBERT's InfoNCE."""
     import sg_loss
     return sg_loss.opt2(z1, z2, tau, rows=rows)
 
@@ -300,10 +250,7 @@ def L_rtd(z1, z2, rho, tau, rows=None):
 
 
 def weight_distance_grad(bert_T, bert_F, lam):
-    """The SG family's L^reg = lam * ||BERT_T - BERT_F||^2, entered as its gradient 2 lam (theta_T - theta_F) once the
-    loss's is in (after DDP's all-reduce: added once, on every process); returns lam * L^reg for the log. Same update
-    as backpropagating it, without an autograd graph over every weight (tests/test_sg_loss.py proves it). Called
-    through the module: bench.py times it by patching sg_loss.add_weight_distance_grad_."""
+    """sg-opt-sscl's L^reg = lam * ||BERT_T - BERT_F||^2: the core's, entered as its gradient."""
     import sg_loss
     return sg_loss.add_weight_distance_grad_(bert_T, bert_F, lam)
 
@@ -452,7 +399,7 @@ class Method:
     """A method as its code (its two sides, head, loss, regulariser), how BERT_T's output becomes its sentence vector
     in training and at evaluation, and the flag defaults of its own recipe. build() gives a run its copy, with the
     state the sides read (the augmentations and their generator, each side's tokenizer)."""
-    sides: Callable = None  # (run, x1, x2) -> z1, z2; None: not a contrast, a post-hoc map fitted on BERT's vectors
+    sides: Callable = None  # (run, x1, x2) -> z1, z2; None: the core's SG family, or a post-hoc map (fit)
     loss: Callable = None  # (z1, z2, tau, rows) -> scalar
     head: Callable = no_head  # (H, cfg) -> f
     regulariser: Callable = no_regulariser  # (BERT_T, BERT_F, lam) -> lam * L^reg, its gradient added
@@ -463,6 +410,8 @@ class Method:
     state: type = State  # (cfg, BERT_T, tokenizer, device) -> its State: what it keeps across steps (most: nothing)
     ignores: tuple = ()  # flags that mean nothing for this method: refused when given
     why: str = ""  # ... and why, for the one-line refusal
+    core: bool = False  # the SG family: train.py's train_step runs it; the row holds its flags
+    fit: bool = False  # a post-hoc map fitted on BERT's vectors (posthoc.py), not a contrast
     # a run's state, set by build()
     tokenizers: tuple = ()  # side 1's and side 2's: the run's tokenizer twice, or PromptBERT's two prompt.Template
     aug1: augment.Augmentation = augment.Augmentation()  # of side 1's input (ConSERT)
@@ -476,14 +425,11 @@ CONTRASTIVE = (*SG_ONLY, "tau", "aug1", "aug2", "no_proj", "proj_size", "eval_ev
 # ... for any method with gradient steps (--seed: the init, the order, the dropout masks; a whitening draws nothing)
 GRADIENT = ("lr", "weight_decay", "batch_size", "epochs", "max_steps", "log_every", "dropout", "seed")
 TWO_PASSES = "its side 2 is a second pass of BERT_T, not BERT_F's views"
-SG = dict(head=projection_head, regulariser=weight_distance_grad)  # the paper's head f and L^reg
+SG = Method(core=True)  # SG-OPT and its ablations: train.train_step (the core's), with the lab's --aug1, --aug2
 METHODS = {
-    "opt": Method(views_of_F, L_opt3, **SG),
-    "sg": Method(one_view_of_F, L_base, **SG),
-    "opt1": Method(one_view_of_F, L_opt1, **SG),
-    "opt2": Method(one_view_of_F, L_opt2, **SG),
+    "opt": SG, "sg": SG, "opt1": SG, "opt2": SG,
     # ours: SG-OPT whose anchors c_i also push away BERT_T's own lower layers (SSCL's negatives; docs/fidelity.md)
-    "sg-opt-sscl": Method(views_of_F_lower, L_opt3_sscl, **SG),
+    "sg-opt-sscl": Method(views_of_F_lower, L_opt3_sscl, projection_head, weight_distance_grad),
     # ConSERT's unsupervised recipe (scripts/unsup-consert-base.sh): NT-Xent over the 2b views, no head
     "consert": Method(two_passes, L_base, no_head, pooling="mean", eval_pooling="last2", recipe=dict(
         tau=0.1, batch_size=96, max_len=64, lr=5e-7, dropout="off", aug1="feature-cutoff:0.2", aug2="shuffle"),
@@ -522,11 +468,11 @@ METHODS = {
     # vectors is fitted, in fp32. Flow: bohanli/BERT-flow's defaults (batch 64 sentences, AdamW 1e-3, BERT's dropout
     # on). max_len 64: both codes read 64 tokens when they fit (bojone/BERT-whitening convert_to_vecs' maxlen,
     # BERT-flow's scripts/train_siamese.sh --max_seq_length); the evaluation reads evaluate.py's 128, as every method's
-    "whitening": Method(pooling="first-last", eval_pooling="first-last", recipe=dict(max_len=64),
+    "whitening": Method(fit=True, pooling="first-last", eval_pooling="first-last", recipe=dict(max_len=64),
                         ignores=(*CONTRASTIVE, *GRADIENT, "precision"),
                         why="a closed-form fit in fp32: no contrast, no steps, nothing drawn at random"),
-    "flow": Method(pooling="first-last", eval_pooling="first-last", recipe=dict(lr=1e-3, batch_size=64, max_len=64),
-                   ignores=(*CONTRASTIVE, "precision"),
+    "flow": Method(fit=True, pooling="first-last", eval_pooling="first-last",
+                   recipe=dict(lr=1e-3, batch_size=64, max_len=64), ignores=(*CONTRASTIVE, "precision"),
                    why="a flow fitted by likelihood in fp32: no contrast, no dev evaluation, no early stop"),
 }
 DEFAULTS = dict(tau=0.01, lr=5e-5, batch_size=16, max_len=128, dropout="on", aug1="none", aug2="none")  # SG-OPT's
@@ -559,6 +505,7 @@ def takes(loss, flag):
 
 def add_method_flags(a):
     """The method and its hyperparameters; (method) marks a default taken from the method's own recipe."""
+    from bert import POOLINGS  # torch loads here: a lab.train command line is read, not a plan (experiments.py)
     a("--model", default="bert-base-uncased", help="base model: a folder, our .safetensors, or a name in weights/<name>/ "
       "(default: %(default)s)")
     a("--loss", default="opt", choices=list(METHODS),
@@ -636,7 +583,7 @@ def resolve_config(args):
     for k, v in {**DEFAULTS, "pooling": m.pooling, "eval_pooling": m.eval_pooling, **m.recipe}.items():
         if getattr(cfg, k) is None:  # the method's recipe, unless a flag says otherwise
             setattr(cfg, k, v)
-    if m.sides is None:  # a fitted map applies to the vectors it was fitted on: evaluated with their pooling
+    if m.fit:  # a fitted map applies to the vectors it was fitted on: evaluated with their pooling
         cfg.eval_pooling = cfg.pooling
     if takes(args.loss, "generator") and cfg.generator is None:  # DiffCSE: --model's own MLM head
         cfg.generator = cfg.model

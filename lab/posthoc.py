@@ -294,9 +294,34 @@ def make_transform(info, tensors):
     raise ValueError(f"unknown transform kind {info.get('kind')!r} (this sgbert knows whitening and flow)")
 
 
+def check_transform(ck):
+    """A fitted transform's tensors (metadata 'transform') of what checkpoint.load read, against the model's width H,
+    its hidden_size: a LoadError naming file and key, not a shape error at the first encoding or a wrong-width Dense
+    in an export. transform_of names missing ones; a header-only read checks nothing."""
+    info, config, p = ck.meta.get("transform"), ck.config, checkpoint.TRANSFORM_PREFIX
+    H = config.get("hidden_size") if isinstance(config, dict) else None
+    if not ck.tensors or not info or not isinstance(H, int):
+        return
+    if info.get("kind") == "whitening":
+        for k, want in (("mu", [H]), ("W", [H, info.get("dim")])):
+            got = list(ck.tensors[p + k].shape) if p + k in ck.tensors else None
+            if got is not None and (len(got) != len(want) or any(w not in (None, g) for g, w in zip(got, want))):
+                want = ", ".join(str(w or "K") for w in want)
+                raise checkpoint.LoadError(
+                    f"{ck.path}: its whitening (metadata 'transform') cannot be rebuilt: tensor '{p}{k}' has shape "
+                    f"{got}, not [{want}] (H {H}: metadata 'config' hidden_size; K: metadata 'transform' dim); fit "
+                    "it again: python -m lab.train --loss whitening")
+    flow = info.get("config") if info.get("kind") == "flow" and isinstance(info.get("config"), dict) else {}
+    if flow.get("dim", H) != H:
+        raise checkpoint.LoadError(
+            f"{ck.path}: its flow (metadata 'transform') cannot be rebuilt: it maps {flow['dim']} dimensions, the "
+            f"model's vectors have {H} (metadata 'config' hidden_size); fit it again: python -m lab.train --loss flow")
+
+
 def transform_of(ck, hidden_size):
     """The fitted transform of what checkpoint.load read (None when it records none), rebuilt from its tensors and
     tried on one vector of the model's width: a checkpoint.LoadError that names the file if it cannot be."""
+    check_transform(ck)
     info, p = ck.meta.get("transform"), checkpoint.TRANSFORM_PREFIX
     if not info:
         return None

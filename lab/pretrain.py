@@ -62,7 +62,7 @@ from typing import NamedTuple
 
 import checkpoint
 import data
-from lab import eval_data
+from lab import cpu, eval_data, files
 from checkpoint import LoadError
 from cli import at_least, die, git_sha, seed_value
 
@@ -683,7 +683,7 @@ def write_folder(dest, model, head, tokenizer, record, replace=False):
     tensors = {"bert." + k: v.detach().cpu().float() for k, v in model.state_dict().items()}
     tensors.update({"cls.predictions." + k: v.detach().cpu().float() for k, v in head.state_dict().items()})
     tmp = checkpoint.temp_path(dest)
-    checkpoint.clean_leftovers(dest)
+    files.clean_leftovers(dest)
     try:
         tmp.mkdir()
         checkpoint.atomic_write(tmp / "model.safetensors",
@@ -838,7 +838,7 @@ def main(argv=None):
     dest = checkpoint.WEIGHTS / args.name
     outputs = [dest, *(intermediate(args, step) for step in args.keep_at)]
     for path in outputs:  # what killed runs left of them: temp folders (a kill runs no clean-up of its own)
-        checkpoint.clean_leftovers(path)
+        files.clean_leftovers(path)
     if dest.is_symlink() or (dest.exists() and not dest.is_dir()):
         die(f"{dest} is a {'symbolic link' if dest.is_symlink() else 'file'}, not a model folder: pretrain.py writes "
             "a folder there; move it away or choose another --name")
@@ -925,7 +925,7 @@ def pretrain(args, dest):
           f"{n_params / 1e6:.1f}M parameters | {text['train_sentences']:,} sentences, {text['train_tokens']:,} tokens "
           f"({text['held_out_sentences']} held out), {seqs} | {args.steps} steps of {args.batch_size} "
           f"({args.steps / run['order'].per_epoch:.1f} epochs) | lr {args.lr}", flush=True)
-    cli.warn_slow_bf16(args.precision, args.device)
+    cpu.warn_slow_bf16(args.precision, args.device)
     state = {"args": identity(args, text), "step": 0, "history": [], "tokens": 0, "seconds": 0.0, "parts": []}
     if run["state_file"].exists() and not args.fresh:
         state = load_state(run["state_file"], model, head, optimizer, args, state["args"])

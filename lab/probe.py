@@ -46,7 +46,7 @@ import evaluate
 from checkpoint import LoadError
 from data import DataError, load_stsb, resolve_data_dir
 
-POOLINGS = ("cls", "mean")
+PROBED_POOLINGS = ("cls", "mean")
 
 
 def stats(c):
@@ -57,7 +57,7 @@ def stats(c):
 def probe(model, tokenizer, s1, s2, gold, draws, seed):
     """The numbers of the docstring, for each pooling: {pooling: {...}}."""
     uniq, index = evaluate.unique_sentences([(s1, s2, gold)])
-    specs = [(p, -1) for p in POOLINGS]
+    specs = [(p, -1) for p in PROBED_POOLINGS]
     off = bert.encode_many(model, tokenizer, uniq, specs)
     on = []
     for k in range(draws):

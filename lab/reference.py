@@ -11,7 +11,6 @@ import torch
 import torch.nn.functional as F
 
 import bert
-from lab import methods
 import sg_loss
 import train
 
@@ -84,7 +83,9 @@ def reference_step_run(path, cfg, batches, counter, steps, device):
             h = torch.stack([bert.masked_mean(x, mask) for x in hs], 1)  # (b, L, H), the same views
         with autocast:
             c = bert_T(input_ids=ids, attention_mask=mask).last_hidden_state[:, 0]
-            zc, zh = methods.project(head, c, h)  # the same head, the same way
+            b, L, H = h.shape  # the same head, the same way as train.train_step
+            z = head(torch.cat([c, h.reshape(b * L, H)]))
+            zc, zh = z[:b].float(), z[b:].float().view(b, L, -1)
         loss = official_sg_opt(zc, zh, cfg.tau)  # the loss section's reference formulation
         reg = 0.0  # the official regulariser: a Python loop of per-parameter norms, added to the loss, backpropagated
         for p_T, p_F in zip(bert_T.parameters(), bert_F.parameters()):

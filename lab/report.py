@@ -23,8 +23,9 @@ from pathlib import Path
 import numpy as np
 
 import data
-from checkpoint import LoadError, atomic_write, display_name, file_sha256, write_json, write_pair, write_text
+from checkpoint import LoadError, atomic_write, display_name, file_sha256, write_json, write_text
 from data import SHORT, TASKS
+from lab.files import write_pair
 
 RECORD = re.compile(r"(seed-\d+|eval|fit)\.json")  # never the hidden files of runs in flight (.seed-1.result.json)
 

@@ -1,12 +1,11 @@
 """
-The lab's trainer: every method of lab/methods.py in the core's loop (train.py), and SG-OPT with a flag only the lab
-has (--aug1, --aug2). It takes the core's SG family too (--loss opt, sg, opt1, opt2).
+The lab's trainer: every method of lab/methods.py in the core's loop (train.py). The SG family (--loss opt, sg, opt1,
+opt2) is the core's own train_step, here with the lab's --aug1 / --aug2 inside its passes (AugmentedRun).
 
 A method (methods.py) is code: its two sides, which encoder makes each from what input, pooled how, its head and
-its loss. SG-OPT (methods.views_of_F) is side 1 c_i from BERT_T, side 2 the views h_ik of the frozen BERT_F;
-ConSERT and SimCSE (two_passes) make both sides with BERT_T, twice; PromptBERT (prompt_pair) reads the sentence
-inside two templates. One step is the same few lines for every method (train_step): batch -> method.sides ->
-method.loss -> backward -> the method's state -> method.regulariser -> train.update (clip, AdamW: the core's tail).
+its loss. ConSERT and SimCSE (two_passes) make both sides with BERT_T, twice; PromptBERT (prompt_pair) reads the
+sentence inside two templates. One step is the same few lines for every method (train_step): batch -> method.sides
+-> method.loss -> backward -> the method's state -> method.regulariser -> train.update (clip, AdamW: the core's tail).
 The loop, the evaluations, the best checkpoint, DDP and the final report are the core's (train.py). Whitening and
 the flow are not trained: a map of the base model's vectors is fitted (fit_posthoc, lab/posthoc.py).
 
@@ -34,7 +33,7 @@ import evaluate
 import runtime
 import train
 from cli import die, git_sha
-from lab import methods, posthoc
+from lab import augment, cpu, methods, posthoc
 from lab import evaluate as lab_evaluate
 
 PROG = "python -m lab.train"
@@ -74,10 +73,49 @@ def header(cfg, device, world=1):
 
 
 @dataclass
+class AugmentedRun(train.Run):
+    """The core's SG family (train.train_step) with ConSERT's augmentations inside its passes: --aug1 in BERT_T's,
+    --aug2 in BERT_F's (augment.py), drawn from a generator of their own, one per process."""
+    aug1: augment.Augmentation = None
+    aug2: augment.Augmentation = None
+    aug_gen: torch.Generator = None
+
+    def step(self, step, s1, s2):
+        with augmenting(runtime.raw(self.bert_T), self.aug1, self.aug_gen), \
+                augmenting(self.bert_F, self.aug2, self.aug_gen):
+            return super().step(step, s1, s2)
+
+
+@contextlib.contextmanager
+def augmenting(bert, aug, gen):
+    """bert's forward passes with aug inside, as methods.augmented makes them: each pass draws its position ids and
+    embedding function (a forward pre-hook) and holds them on the embeddings until it ends (augment.forward)."""
+    live = []
+
+    def draw(module, args):
+        mask = args[1]
+        live.extend(augment.embedding_hooks(bert, aug.position_ids(mask, gen), aug.embedding_fn(mask, gen)))
+
+    def drop(module, args, out):
+        while live:
+            live.pop().remove()
+    handles = [] if aug.kind == "none" else [bert.register_forward_pre_hook(draw), bert.register_forward_hook(drop)]
+    try:
+        yield
+    finally:
+        for h in handles + live:
+            h.remove()
+
+
+@dataclass
 class MethodRun(train.Run):
     """train.Run with a method of the table: its sides, head, loss and regulariser, and its state across steps."""
     method: methods.Method = None  # this run's (methods.build)
     state: methods.State = None  # ESimCSE: its momentum encoder and queue; most: none
+
+    def gather(self, x):
+        """x (b_local, ...) of every process in rank order -> (b, ...); x itself on one process."""
+        return runtime.gather(x) if self.world > 1 else x
 
     def step(self, step, s1, s2):
         return train_step(self, step, *inputs(self, s1, s2))
@@ -96,7 +134,7 @@ def train_step(run, step, x1, x2):
     of get_lr(step). x1, x2: (ids, mask) of side 1's and side 2's sentences. Returns the loss, lam * L^reg, the
     gradient norm and the lr, as tensors (no device synchronisation: the loop reads them at log time)."""
     method = run.method
-    z = method.sides(run, x1, x2)  # e.g. SG-OPT: f(c_i) (b, p) and f(h_ik) (b, L, p), fp32; SSCL: z1, z2 and n
+    z = method.sides(run, x1, x2)  # e.g. SimCSE: z1, z2 (b, p), fp32; SSCL: z1, z2 and n
     rows = None  # one process: every sentence is an anchor
     if run.world > 1:
         # Anchors are this process's rows, negatives the whole global batch: z1 and z2 (and SSCL's n) of every
@@ -112,7 +150,7 @@ def train_step(run, step, x1, x2):
     run.state.before_update(run, x1, x2)
     if run.world > 1:
         average_grads(run.state.modules, run.world)  # the method's own modules: averaged, as DDP does BERT_T's
-    # SG family: the gradient of lam * ||BERT_T - BERT_F||^2, added once DDP has all-reduced the loss's (else 0)
+    # sg-opt-sscl: the gradient of lam * ||BERT_T - BERT_F||^2, added once DDP has all-reduced the loss's (else 0)
     reg = method.regulariser(runtime.raw(run.bert_T), run.bert_F, run.cfg.lam)
     lr, norm = train.update(run, step)
     return loss.detach(), reg, norm, lr
@@ -134,15 +172,23 @@ def inputs(run, s1, s2):
     are its templates). Side 2 reads the paraphrases of --data's pairs, else side 1's sentences again: the same
     tensors when both sides read alike."""
     t1, t2 = run.method.tokenizers
-    x1 = train.tensors(run, t1, s1)
-    return x1, (x1 if s2 is None and t2 is t1 else train.tensors(run, t2, s1 if s2 is None else s2))
+    x1 = train.batch(run, t1, s1)
+    return x1, (x1 if s2 is None and t2 is t1 else train.batch(run, t2, s1 if s2 is None else s2))
 
 # -----------------------------------------------------------------------------
 # setup
 
 
 def build_run(cfg, bert_F, tokenizer, examples, data_dir, device, rank=0, world=1):
-    """train.build_run with the method's head and state (built after the head, before the optimizer)."""
+    """The SG family: train.build_run (with --aug1 / --aug2: an AugmentedRun). Any other method: its pieces with the
+    method's head and state (built after the head, before the optimizer)."""
+    if methods.METHODS[cfg.loss].core:
+        run = train.build_run(cfg, bert_F, tokenizer, examples, data_dir, device, rank, world)
+        aug1, aug2 = augment.parse(cfg.aug1), augment.parse(cfg.aug2)
+        if aug1.kind == aug2.kind == "none":
+            return run
+        return AugmentedRun(**vars(run), aug1=aug1, aug2=aug2,
+                            aug_gen=torch.Generator().manual_seed(cfg.seed + rank))
     method, H = methods.build(cfg, tokenizer, bert_F.config.max_position_embeddings, rank), bert_F.config.hidden_size
     layers = train.view_layers(cfg.layers, bert_F.config.num_hidden_layers + 1)
     bert_F, bert_T = train.two_berts(cfg, bert_F, device)
@@ -168,7 +214,7 @@ def build_run(cfg, bert_F, tokenizer, examples, data_dir, device, rank=0, world=
 
 
 def setup(cfg, device, rank=0, world=1):
-    return build_run(cfg, *train.load_inputs(cfg), device, rank, world)
+    return build_run(cfg, *train.read_setup(cfg), device, rank, world)
 
 
 def check_neg_layers(cfg, l):
@@ -187,13 +233,13 @@ def main(argv=None):
     rank, world, device = runtime.init(cfg)
     print(header(cfg, device, world))
     if rank == 0 and not cfg.eval_only:
-        cli.warn_slow_bf16(cfg.precision, device.type)  # bf16 on a CPU without bf16 matrix instructions: slow
-    if methods.METHODS[cfg.loss].sides is None and not cfg.eval_only:  # whitening, flow: no contrast
+        cpu.warn_slow_bf16(cfg.precision, device.type)  # bf16 on a CPU without bf16 matrix instructions: slow
+    if methods.METHODS[cfg.loss].fit and not cfg.eval_only:  # whitening, flow: no contrast
         if world > 1:
             die(f"--loss {cfg.loss} is fitted in one process: run it with python, not torchrun")
         return fit_posthoc(cfg, device)
     if cfg.eval_only:
-        model, tokenizer, _, data_dir = train.load_inputs(cfg)
+        model, tokenizer, _, data_dir = train.read_setup(cfg)
         model = model.to(device)
         vectors = lab_evaluate.sentence_vectors(model, evaluate.eval_tokenizer(tokenizer, model.config),
                                                cfg.eval_pooling, batch_size=cfg.eval_batch_size,
@@ -208,7 +254,7 @@ def main(argv=None):
 def fit_posthoc(cfg, device):
     """--loss whitening | flow: the training sentences' vectors from the base model, the transform fitted on them,
     saved with the base weights (its tensors under checkpoint.TRANSFORM_PREFIX), then the usual final report."""
-    model, tokenizer, examples, data_dir = train.load_inputs(cfg)
+    model, tokenizer, examples, data_dir = train.read_setup(cfg)
     sentences = [s for e in examples for s in (e if isinstance(e, tuple) else (e,))]  # pairs: both sides
     H = model.config.hidden_size
     if cfg.whiten_dim and cfg.whiten_dim > H:

@@ -17,6 +17,7 @@ from safetensors.torch import load_file
 import bert
 import wordpiece
 import checkpoint
+from lab import files, posthoc
 from bert import Bert, BertConfig, LoadError, load_tokenizer
 from conftest import save_model, tiny_model_folder
 
@@ -125,7 +126,7 @@ def test_write_pair_never_leaves_a_record_beside_another_text(tmp_path, monkeypa
 
     def pair():
         return text.read_text() if text.exists() else None, json.loads(rec.read_text()) if rec.exists() else None
-    checkpoint.write_pair(text, "old\n", rec, {"text": "old\n"})
+    files.write_pair(text, "old\n", rec, {"text": "old\n"})
     assert pair() == ("old\n", {"text": "old\n"})
     real = os.replace
     for k in range(3):  # killed at the k-th rename (the removal of the old record comes before the first)
@@ -138,16 +139,16 @@ def test_write_pair_never_leaves_a_record_beside_another_text(tmp_path, monkeypa
             return real(src, dst)
         monkeypatch.setattr(os, "replace", killed)
         with pytest.raises(KeyboardInterrupt) if k < 2 else contextlib.nullcontext():
-            checkpoint.write_pair(text, "new\n", rec, {"text": "new\n"})
+            files.write_pair(text, "new\n", rec, {"text": "new\n"})
         monkeypatch.setattr(os, "replace", real)
         t, r = pair()
         assert r is None or r["text"] == t, (k, t, r)
         assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
-        checkpoint.write_pair(text, "old\n", rec, {"text": "old\n"})
+        files.write_pair(text, "old\n", rec, {"text": "old\n"})
     rec.unlink()
     rec.mkdir()  # an error before the renames: the text is kept
     with pytest.raises(IsADirectoryError):
-        checkpoint.write_pair(text, "new\n", rec, {"text": "new\n"})
+        files.write_pair(text, "new\n", rec, {"text": "new\n"})
     assert text.read_text() == "old\n" and sorted(p.name for p in tmp_path.iterdir()) == ["p.txt", "p.txt.json"]
 
 
@@ -161,14 +162,14 @@ def test_write_pair_never_leaves_a_record_beside_another_text(tmp_path, monkeypa
      "metadata 'transform'", "it maps 16 dimensions"),
 ])
 def test_a_fitted_map_of_the_wrong_shape_is_refused_when_read(tiny_config, tmp_path, mu, W, info, key, shape):
-    """A fitted transform's tensors are checked against the model's width when the checkpoint is read, in one line
+    """A fitted transform's tensors are checked against the model's width (lab/posthoc.py), in one line
     naming the file and the key: never a 'mat1 and mat2 shapes cannot be multiplied' at the first encoding."""
     model, path = tiny_model(tiny_config), tmp_path / "w.safetensors"
     fitted = {} if mu is None else {"transform.mu": torch.zeros(mu), "transform.W": torch.ones(W)}
     checkpoint.save_checkpoint(path, {**model.tensors(), **fitted},
                                {"config": model.config.to_dict(), "pooling": "first-last", "transform": info})
     with pytest.raises(LoadError) as e:
-        checkpoint.load(path)
+        posthoc.check_transform(checkpoint.load(path))
     msg = str(e.value)
     assert msg.startswith(f"{path}: its ") and key in msg and shape in msg and len(msg.splitlines()) == 1, msg
     assert "cannot be rebuilt" in msg and "hidden_size" in msg and "fit it again: python -m lab.train --loss" in msg

@@ -19,6 +19,7 @@ from lab import methods
 from lab import pretrain
 import sg_loss
 from lab import train  # the lab's trainer: every method
+import train as core_train
 from test_sg_loss import inputs, phi, sg_opt_oracle
 from test_train import run, world  # noqa: F401 (the tiny model, data folder and sentences)
 
@@ -292,7 +293,9 @@ def test_sg_opt_sscls_negatives_are_bert_ts_lower_layers_through_f(world):
     with torch.no_grad():
         hs = r.bert_T(*x1)
         want = r.head(hs[-2][:, 0])  # BERT_T's [CLS] of layer l-1, through f
-        z1_F, z2_F = methods.views_of_F(r, x1, x1)  # SG-OPT's own sides: the same c_i and views
+        hs_F = r.bert_F(*x1)  # SG-OPT's own sides (train.train_step's): the same c_i and views
+        z1_F = r.head(bert.pool(hs, x1[1], "cls"))
+        z2_F = r.head(torch.stack([core_train.view(hs_F[k], x1[1], "mean") for k in r.layers], 1))
     assert n.shape == (4, 1, 16) and z2.shape == (4, 3, 16)
     torch.testing.assert_close(n[:, 0], want, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(z1, z1_F, rtol=1e-5, atol=1e-6)

@@ -94,7 +94,10 @@ def test_whitening_and_flow_fit_on_the_64_tokens_their_codes_read():
 
 def test_the_pooling_choices_are_berts():
     import bert
-    assert methods.POOLINGS == bert.POOLINGS  # methods.py loads no torch, so it keeps its own copy of the names
+    import cli
+    p = cli.parser("x", "")
+    methods.add_method_flags(p.add_argument)
+    assert {tuple(a.choices) for a in p._actions if a.dest in ("pooling", "eval_pooling")} == {bert.POOLINGS}
 
 
 def test_takes_answers_as_the_refusals_do():

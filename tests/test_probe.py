@@ -27,7 +27,7 @@ def test_probe_against_plain_computations(tmp_path, tiny_config):
     s1, s2, gold = pairs()
     got = probe.probe(model, tok, s1, s2, gold, draws=3, seed=1)
     assert got == probe.probe(model, tok, s1, s2, gold, draws=3, seed=1)  # the draws are the seed's
-    for pooling in probe.POOLINGS:
+    for pooling in probe.PROBED_POOLINGS:
         uniq = list(dict.fromkeys(s1 + s2))  # one call on the same sentences: the same batches, the same floats
         x = bert.encode(model, tok, uniq, pooling).astype(np.float64)
         a, b = x[[uniq.index(s) for s in s1]], x[[uniq.index(s) for s in s2]]
@@ -37,7 +37,7 @@ def test_probe_against_plain_computations(tmp_path, tiny_config):
     zero = tiny_model_folder(tmp_path / "z", {**tiny_config, "hidden_dropout_prob": 0.0,
                                               "attention_probs_dropout_prob": 0.0}, WORDS)
     still = probe.probe(bert.Bert.from_pretrained(zero), tok, s1, s2, gold, draws=2, seed=1)  # train mode = eval mode
-    for pooling in probe.POOLINGS:
+    for pooling in probe.PROBED_POOLINGS:
         r = still[pooling]
         assert r["on_off"]["min"] == pytest.approx(1, abs=1e-6) and r["two_draws"]["min"] == pytest.approx(1, abs=1e-6)
         assert r["dev_on"] == pytest.approx(r["dev_off"], abs=1e-6) and r["dev_on_std"] == pytest.approx(0, abs=1e-6)

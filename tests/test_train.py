@@ -69,11 +69,11 @@ def trainer(argv):
     return train.main if core else lab_train.main
 
 
-def run(world, *flags, **kw):
+def run(world, *flags, main=None):
     argv = ["--model", str(world["model"]), "--data", str(world["sents"]), "--data-dir", str(world["data"]),
             "--out", str(world["out"]), "--batch-size", "4", "--max-steps", "8", "--eval-every", "3",
             "--log-every", "1", *small_head(flags), "--device", "cpu", *flags]
-    return trainer(argv)(argv)
+    return (main or trainer(argv))(argv)
 
 
 def test_full_run_writes_a_loadable_checkpoint(world):
@@ -94,7 +94,7 @@ def test_the_config_line_shows_only_the_flags_the_method_uses(loss):
     shown = lab_train.used_flags(lab_train.methods.resolve_config(lab_train.get_args(["--loss", loss, "--device", "cpu"])))
     assert not set(shown) & set(m.ignores), (loss, set(shown) & set(m.ignores))
     assert {"loss", "model", "out"} <= set(shown) and ("seed" in shown) == (loss != "whitening")  # nothing drawn
-    assert ("lam" in shown) == (m.regulariser is methods.weight_distance_grad)
+    assert ("lam" in shown) == (m.core or m.regulariser is methods.weight_distance_grad)
     assert ("template" in shown) == (loss == "promptbert")
     assert ("whiten_dim" in shown) == (loss == "whitening")
 
@@ -780,19 +780,21 @@ def test_bf16_leaves_the_similarity_loss_and_regulariser_in_fp32(world):
 
 
 def test_bf16_on_a_cpu_without_a_bf16_unit_says_so_once(world, capsys, monkeypatch):
-    """One note on stderr (cli.warn_slow_bf16), and none for fp32 or on a CPU whose bf16 unit pays; one, with the
-    measured ratio, where the unit's bf16 products are slower than fp32's."""
+    """The lab's trainer: one note on stderr (lab/cpu.py), and none for fp32 or on a CPU whose bf16 unit pays; one,
+    with the measured ratio, where the unit's bf16 products are slower than fp32's."""
+    from lab import cpu
     monkeypatch.setattr(cli, "cpu_kind", lambda: {"model": "AMD EPYC", "capability": "AVX2", "bf16_unit": False})
-    run(world, "--precision", "bf16", "--max-steps", "1", "--eval-every", "10")
+    lab = dict(main=lab_train.main)
+    run(world, "--precision", "bf16", "--max-steps", "1", "--eval-every", "10", **lab)
     assert capsys.readouterr().err.count("note: --precision bf16 on a CPU without bf16 matrix instructions") == 1
-    run(world, "--max-steps", "1", "--eval-every", "10", "--overwrite")
+    run(world, "--max-steps", "1", "--eval-every", "10", "--overwrite", **lab)
     assert "note:" not in capsys.readouterr().err
     monkeypatch.setattr(cli, "cpu_kind", lambda: {"model": "Xeon", "capability": "AVX512", "bf16_unit": True})
-    monkeypatch.setattr(cli, "bf16_matmul_speedup", lambda: 3.0)  # a unit whose bf16 products pay (AMX)
-    run(world, "--precision", "bf16", "--max-steps", "1", "--eval-every", "10", "--overwrite")
+    monkeypatch.setattr(cpu, "bf16_matmul_speedup", lambda: 3.0)  # a unit whose bf16 products pay (AMX)
+    run(world, "--precision", "bf16", "--max-steps", "1", "--eval-every", "10", "--overwrite", **lab)
     assert "note:" not in capsys.readouterr().err
-    monkeypatch.setattr(cli, "bf16_matmul_speedup", lambda: 0.52)  # AVX512-BF16 without AMX, as measured on a Xeon
-    run(world, "--precision", "bf16", "--max-steps", "1", "--eval-every", "10", "--overwrite")
+    monkeypatch.setattr(cpu, "bf16_matmul_speedup", lambda: 0.52)  # AVX512-BF16 without AMX, as measured on a Xeon
+    run(world, "--precision", "bf16", "--max-steps", "1", "--eval-every", "10", "--overwrite", **lab)
     err = capsys.readouterr().err
     assert err.count("note: --precision bf16 on this CPU (Xeon, AVX512): its bf16 matrix products run at x0.52 of "
                      "fp32's") == 1 and "slower than fp32 here" in err
@@ -843,12 +845,31 @@ def steps_of(world, module, loss, steps=4):
 
 
 @pytest.mark.parametrize("loss", train.LOSSES)
-def test_the_core_step_is_the_labs_generic_step_bit_for_bit(world, loss):
-    """train.train_step (SG-OPT and its ablations written out) and lab/lab_train.py's step through the methods table
-    (views_of_F, one_view_of_F, methods.L_*): the same losses and weights, bit for bit, dropout and draws included."""
+def test_the_lab_trains_the_sg_family_with_the_cores_step(world, loss):
+    """python -m lab.train --loss opt (sg, opt1, opt2) is train.py's run: the core's Run, the same losses and
+    weights, bit for bit, dropout and draws included."""
     core, lab = steps_of(world, train, loss), steps_of(world, lab_train, loss)
     assert all(torch.equal(a, b) for a, b in zip(core[0], lab[0]))
     assert core[1].keys() == lab[1].keys() and all(torch.equal(v, lab[1][k]) for k, v in core[1].items())
+
+
+@pytest.mark.parametrize("aug", ["shuffle", "token-cutoff:0.3"])
+def test_the_labs_augmentations_reach_the_cores_passes(world, aug):
+    """--aug2 in an SG run (AugmentedRun): BERT_F's pass inside train.train_step is methods.augmented's, the same
+    draws from a generator of the same seed."""
+    sents = world["sents"].read_text().splitlines()
+    argv = ["--model", str(world["model"]), "--aug2", aug, "--device", "cpu", "--proj-size", "16"]
+    cfg = methods.resolve_config(lab_train.get_args(argv))
+    r = lab_train.build_run(cfg, bert.Bert.from_pretrained(world["model"]), bert.load_tokenizer(world["model"], 32),
+                            sents, None, torch.device("cpu"))
+    assert isinstance(r, lab_train.AugmentedRun)
+    x, _ = train.inputs(r, sents[:4], None)
+    r.bert_F.eval()
+    with lab_train.augmenting(r.bert_F, r.aug2, torch.Generator().manual_seed(5)):
+        got = r.bert_F(*x)
+    want = methods.augmented(r.bert_F, x, r.aug2, torch.Generator().manual_seed(5))
+    plain = r.bert_F(*x)
+    assert all(torch.equal(a, b) for a, b in zip(got, want)) and not torch.equal(got[-1], plain[-1])
 
 
 # -----------------------------------------------------------------------------
