@@ -386,8 +386,12 @@ def check(args):
 
 def typed(script, flags):
     """How a reader types a row's run: the core's script for the SG family and STS, else the lab's entry point."""
+    import bert
+    if script == "evaluate.py":  # the core evaluates bert.py's poolings; WK's and PromptBERT's are the lab's
+        pooling = flags[flags.index("--pooling") + 1] if "--pooling" in flags else "cls"
+        return f"python {script}" if pooling in bert.POOLINGS else f"python -m {ENTRY[script]}"
     loss = flags[flags.index("--loss") + 1] if "--loss" in flags else "opt"
-    return f"python {script}" if script == "evaluate.py" or loss in SG_LOSSES else f"python -m {ENTRY[script]}"
+    return f"python {script}" if loss in SG_LOSSES else f"python -m {ENTRY[script]}"
 
 
 def rerun(args, key, extra, tmp):
