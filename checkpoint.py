@@ -108,20 +108,19 @@ def download(name, dest):
     tmp = temp_path(dest)
     try:
         tmp.mkdir()
-        for files in (["config.json"], ["model.safetensors"], ["tokenizer.json", "vocab.txt"]):
-            for i, f in enumerate(files):
-                try:
-                    fetch(f"{HF_ENDPOINT}/{name}/resolve/main/{f}", tmp / f)
-                    break
-                except urllib.error.HTTPError as e:
-                    if e.code != 404 or i == len(files) - 1:
-                        raise
+        for f in ("config.json", "model.safetensors", "tokenizer.json"):
+            try:
+                fetch(f"{HF_ENDPOINT}/{name}/resolve/main/{f}", tmp / f)
+            except urllib.error.HTTPError as e:
+                if e.code != 404 or f != "tokenizer.json":
+                    raise
+                fetch(f"{HF_ENDPOINT}/{name}/resolve/main/vocab.txt", tmp / "vocab.txt")
         try:
             tmp.rename(dest)
         except OSError:
             if not dest.is_dir():  # else another process downloaded the model first: use theirs
                 raise
-    except (OSError, urllib.error.URLError) as e:
+    except OSError as e:  # urllib's errors too
         raise LoadError(f"model '{name}' is not a local path and is not in {dest}, and downloading "
                         f"it from {HF_ENDPOINT} failed ({e}). Offline: put config.json, "
                         f"model.safetensors and tokenizer.json (or vocab.txt) of '{name}' in "
@@ -168,7 +167,7 @@ def check_download(url, path):
         elif path.suffix == ".safetensors":
             with open(path, "rb") as f:
                 safetensors_header(f)
-    except (ValueError, TypeError, KeyError, IndexError, AttributeError) as e:  # + JSONDecodeError
+    except (ValueError, TypeError, LookupError, AttributeError) as e:  # JSONDecodeError too
         raise OSError(f"{url}: not a valid {path.suffix[1:]} file ({e})") from None
 
 # -----------------------------------------------------------------------------
@@ -255,10 +254,9 @@ def read_recorded(folder, weights):
         return read_safetensors(weights)
     fix = record_fix(folder)
     with open(weights, "rb") as f:
-        pointer = f.read(64).startswith(b"version https://git-lfs")
-    if pointer:
-        raise LoadError(f"{weights} is a Git LFS pointer, not the weights (sha256 {want[:12]}... "
-                        f"recorded in pretrain.json): run git lfs pull, or {fix}")
+        if f.read(64).startswith(b"version https://git-lfs"):
+            raise LoadError(f"{weights} is a Git LFS pointer, not the weights (sha256 "
+                            f"{want[:12]}... recorded in pretrain.json): run git lfs pull, or {fix}")
     try:
         out = read_safetensors(weights)
     except LoadError as e:
@@ -290,8 +288,7 @@ def read_safetensors(path, tensors=True):
                     raise ValueError(f"{k}: the file ends inside it")
                 h.update(buf)
                 out[k] = t
-    except (OSError, ValueError, TypeError, KeyError, IndexError, AttributeError,
-            RuntimeError) as e:
+    except (OSError, ValueError, TypeError, LookupError, AttributeError, RuntimeError) as e:
         raise LoadError(f"{path}: not a valid safetensors file ({e}); "
                         "re-download or re-create it") from None
     return out, decode_metadata(path, meta), h.hexdigest() if tensors else None

@@ -165,25 +165,24 @@ def load_stsb(split, data_dir):
     assert split in ("train", "dev", "test"), \
         f"STS-B split must be train, dev or test, not {split!r}"
     path = Path(data_dir) / "senteval" / "STS" / "STSBenchmark" / f"sts-{split}.csv"
-    rows = []
-    for i, line in enumerate(read_lines(path, data_dir)):
-        cols = line.split("\t")
-        if len(cols) < 7:
-            raise DataError(f"{path}:{i + 1}: expected 7 tab-separated columns, found {len(cols)}")
-        rows.append((i + 1, cols[5], cols[6], parse_score(cols[4], path, i + 1)))
-    return scored_pairs(rows, path)
+    return table_pairs(path, enumerate(read_lines(path, data_dir), start=1), (5, 6, 4), 7)
 
 
 def load_sick(data_dir):
     """SICK-R test pairs (senteval/SICK/SICK_test_annotated.txt, after its header row)."""
     path = Path(data_dir) / "senteval" / "SICK" / "SICK_test_annotated.txt"
     lines = [line.strip() for line in read_lines(path, data_dir)]
+    return table_pairs(path, enumerate(lines[1:], start=2), (1, 2, 3), 5)
+
+
+def table_pairs(path, lines, cols, n):
+    """Numbered tab-separated lines -> scored_pairs of their columns cols (s1, s2, gold) of n."""
     rows = []
-    for i, line in enumerate(lines[1:], start=2):
-        cols = line.split("\t")
-        if len(cols) < 4:
-            raise DataError(f"{path}:{i}: expected 5 tab-separated columns, found {len(cols)}")
-        rows.append((i, cols[1], cols[2], parse_score(cols[3], path, i)))
+    for i, line in lines:
+        c = line.split("\t")
+        if len(c) <= max(cols):
+            raise DataError(f"{path}:{i}: expected {n} tab-separated columns, found {len(c)}")
+        rows.append((i, c[cols[0]], c[cols[1]], parse_score(c[cols[2]], path, i)))
     return scored_pairs(rows, path)
 
 
