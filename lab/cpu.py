@@ -1,10 +1,41 @@
 """
 Whether --precision bf16 pays on this CPU: its bf16 matrix products measured against fp32's, and the one note a bf16
-run prints where it will not (lab.train, lab.evaluate, lab.pretrain). The CPU's kind is cli.cpu_kind.
+run prints where it will not (lab.train, lab.evaluate, lab.pretrain), and the CPU's kind (cpu_kind).
 """
 import sys
 
 import cli
+
+
+def cpu_kind():
+    """What a speed figure or a bf16 run depends on, the CPU kind a pretraining's bytes are promised
+    for: {'model': the CPU's name, 'capability': torch's vector ISA, 'bf16_unit': whether oneDNN
+    finds bf16 matrix instructions (cli.bf16_unit), 'amx': the amx_tile, amx_bf16 flags of
+    /proc/cpuinfo (False off Linux), 'family_model': its "cpu family/model" (e.g. "6/207", else None),
+    which tells apart CPUs that share a name}."""
+    import platform
+    import torch
+    info = cpuinfo()
+    family, number = info.get("cpu family"), info.get("model")
+    return {"model": info.get("model name") or platform.processor() or platform.machine(),
+            "capability": torch.backends.cpu.get_cpu_capability(), "bf16_unit": cli.bf16_unit(),
+            "amx": {"amx_tile", "amx_bf16"} <= set(info.get("flags", "").split()),
+            "family_model": f"{family}/{number}" if family and number else None}
+
+
+def cpuinfo(path="/proc/cpuinfo"):
+    """The first processor's 'key: value' lines of /proc/cpuinfo as a dict ({} where none)."""
+    out = {}
+    try:
+        with open(path) as f:
+            for line in f:
+                if not line.strip():
+                    break  # the first processor's block ends at its blank line
+                key, _, value = line.partition(":")
+                out.setdefault(key.strip(), value.strip())
+    except OSError:
+        pass
+    return out
 
 
 def bf16_matmul_speedup(n=1024, repeats=3):
@@ -34,7 +65,7 @@ def warn_slow_bf16(precision, device):
     under x1.5 of fp32's (bf16_matmul_speedup), since the casts around them eat the rest."""
     if precision != "bf16" or device != "cpu":
         return
-    kind = cli.cpu_kind()
+    kind = cpu_kind()
     if not kind["bf16_unit"]:
         print(f"note: --precision bf16 on a CPU without bf16 matrix instructions ({kind['model']}, "
               f"{kind['capability']}): its matrix products are emulated in fp32 (a bf16 unit's "

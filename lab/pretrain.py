@@ -892,7 +892,7 @@ def finish(run, text, model, head, state, git, dest, extra=None):
                        "log_every": args.log_every, "save_every": args.save_every, "keep_at": args.keep_at},
               "text": text, "held_out": held, "history": state["history"], "train_tokens_seen": state["tokens"],
               "train_seconds": round(state["seconds"], 1), "torch": torch.__version__, "git": git,
-              "cpu": cli.cpu_kind() if args.device == "cpu" else None, "parts": run_parts(state),
+              "cpu": cpu.cpu_kind() if args.device == "cpu" else None, "parts": run_parts(state),
               "no_nsp": "no next-sentence prediction: [CLS] is trained only through the masked tokens' attention",
               **(extra or {})}
     try:
@@ -917,7 +917,7 @@ def pretrain(args, dest):
     run, text = prepare(args)
     model, head, optimizer = build(args, run["vocab_size"])
     n_params = sum(p.numel() for p in model.parameters()) + sum(p.numel() for p in head.parameters())
-    kind = cli.cpu_kind() if args.device == "cpu" else None
+    kind = cpu.cpu_kind() if args.device == "cpu" else None
     seqs = f"{text['train_sequences']:,} segments of <= {args.max_len} tokens" if args.pack else "a sentence a sequence"
     isa = f" ({kind['model']}, {kind['capability']}, bf16 unit: {'yes' if kind['bf16_unit'] else 'no'})" if kind else ""
     print(f"sgbert pretrain | device {args.device}{isa} | "
@@ -967,7 +967,7 @@ def check_stops(args, state, state_file):
 def machine(args):
     """What a part of a run ran on: float sums differ between CPU kinds (and torch versions), so a run is
     bit-reproducible on one machine kind, and a run resumed elsewhere says which steps ran where."""
-    return {"device": args.device, "cpu": cli.cpu_kind() if args.device == "cpu" else None, "torch": torch.__version__}
+    return {"device": args.device, "cpu": cpu.cpu_kind() if args.device == "cpu" else None, "torch": torch.__version__}
 
 
 def start_part(state, args):
@@ -988,7 +988,7 @@ def start_part(state, args):
 
 def same_machine(a, b):
     """Whether two parts' machines ({device, cpu, torch}) are one kind: the CPU compared on the keys both records
-    have (cli.cpu_kind gained 'amx' and 'family_model' on 2026-12-01: a state saved before is not another machine)."""
+    have (cpu.cpu_kind gained 'amx' and 'family_model' on 2026-12-01: a state saved before is not another machine)."""
     ca, cb = a["cpu"] or {}, b["cpu"] or {}
     return (a["device"], a["torch"]) == (b["device"], b["torch"]) and all(ca[k] == cb[k] for k in ca.keys() & cb.keys())
 

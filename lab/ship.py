@@ -34,6 +34,7 @@ from pathlib import Path
 import checkpoint
 import cli
 from cli import die
+from lab import cpu
 
 CODE = Path(__file__).resolve().parents[1]  # the repository root: the core and lab/
 ENTRY = {"train.py": "lab.train", "evaluate.py": "lab.evaluate"}  # a key's script -> the lab's entry point (takes all)
@@ -362,7 +363,7 @@ def check(args):
         checkpoint.read_recorded(folder, folder / "model.safetensors")
     except checkpoint.LoadError as e:
         die(e)
-    print(f"models/{args.name}/model.safetensors: sha256 {want} (as its pretrain.json records) | {cli.cpu_kind()}")
+    print(f"models/{args.name}/model.safetensors: sha256 {want} (as its pretrain.json records) | {cpu.cpu_kind()}")
     rows, out = records_of(want), []
     todo = [r for r in ROWS if (r[3] or not args.quick) and (r[1][0] == "evaluate.py" or not args.untrained)]
     if not any(r[1] in rows for r in todo):

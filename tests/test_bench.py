@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+import cli
 from lab import bench
 import lab.benchmarks.common
 import lab.benchmarks.compile
@@ -68,7 +69,8 @@ def test_precision_section_names_the_cpu_kind_and_times_both_precisions(tiny_fol
     tests/test_bert.py's). No timing is checked."""
     pytest.importorskip("transformers", reason="the reference step is built from transformers.BertModel")
     kind = {"model": "AMD EPYC 7B12", "capability": "AVX2", "bf16_unit": False}
-    monkeypatch.setattr(benchmarks.precision.cli, "cpu_kind", lambda: kind)
+    monkeypatch.setattr(benchmarks.precision.cpu, "cpu_kind", lambda: kind)
+    monkeypatch.setattr(cli, "bf16_unit", lambda: False)
     monkeypatch.setattr(benchmarks.common, "minilm_path", lambda: tiny_folder)
     monkeypatch.setattr(benchmarks.common, "missing", lambda *m: None)
 
@@ -438,10 +440,10 @@ def test_help_gives_train_pys_epoch_precision_default():
 
 @pytest.mark.parametrize("load, busy", [(1.5, True), (0.8, False), (None, False)])
 def test_header_names_the_cpu_kind_and_warns_on_a_busy_machine(load, busy, tmp_path, monkeypatch, capsys):
-    """The header line names the CPU kind (cli.cpu_kind) and, before any timing, one line warns when the 1-minute
+    """The header line names the CPU kind (cpu.cpu_kind) and, before any timing, one line warns when the 1-minute
     load average is above half the CPUs (here 2); both are in the record's env."""
     kind = {"model": "AMD EPYC 7B12", "capability": "AVX2", "bf16_unit": False, "amx": False, "family_model": "23/49"}
-    monkeypatch.setattr(bench.cli, "cpu_kind", lambda: kind)
+    monkeypatch.setattr(benchmarks.common.cpu, "cpu_kind", lambda: kind)
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
 
     def getloadavg():

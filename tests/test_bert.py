@@ -480,11 +480,11 @@ def test_emulated_bf16_products_are_torchs_bf16_numbers_and_fp32_is_untouched(ti
 
 def test_bf16_products_are_held_only_for_bf16_on_a_cpu_without_a_bf16_unit(monkeypatch):
     import cli
-    monkeypatch.setattr(cli, "cpu_kind", lambda: {"model": "AMD EPYC", "capability": "AVX2", "bf16_unit": False})
+    monkeypatch.setattr(cli, "bf16_unit", lambda: False)
     assert isinstance(runtime.bf16_products("bf16", "cpu"), runtime.Bf16Products)
     assert not isinstance(runtime.bf16_products("fp32", "cpu"), runtime.Bf16Products)
     assert not isinstance(runtime.bf16_products("bf16", "cuda"), runtime.Bf16Products)
-    monkeypatch.setattr(cli, "cpu_kind", lambda: {"model": "Xeon", "capability": "AVX512", "bf16_unit": True})
+    monkeypatch.setattr(cli, "bf16_unit", lambda: True)
     assert not isinstance(runtime.bf16_products("bf16", "cpu"), runtime.Bf16Products)
 
 

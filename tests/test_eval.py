@@ -24,6 +24,7 @@ import cli
 import data
 import evaluate
 from data import STSB_FILE, DataError
+from lab import cpu
 from lab import evaluate as lab_evaluate
 from conftest import tiny_model_folder, save_model
 
@@ -849,7 +850,8 @@ def test_precision_bf16_reaches_every_encoding_and_is_recorded(tiny_data, tiny_m
     close bf16's vectors are to fp32's: tests/test_bert.py.)"""
     seen, real = [], bert.encode_many
     monkeypatch.setattr(bert, "encode_many", lambda *a, **kw: seen.append(kw.get("precision")) or real(*a, **kw))
-    monkeypatch.setattr(cli, "cpu_kind", lambda: {"model": "AMD EPYC", "capability": "AVX2", "bf16_unit": False})
+    monkeypatch.setattr(cli, "bf16_unit", lambda: False)
+    monkeypatch.setattr(cpu, "cpu_kind", lambda: {"model": "AMD EPYC", "capability": "AVX2", "bf16_unit": False})
     root, out = tiny_data[0], tmp_path / "r.json"
     common = ["--model", str(tiny_model), "--data-dir", str(root), "--device", "cpu", "--json", str(out)]
     fp32 = evaluate.main([*common, "--tasks", "STS13", "SICK-R"])

@@ -130,10 +130,10 @@ def step_tokens(text_file, minilm_path, n, mode):
 def test_a_run_resumed_on_another_machine_says_so_and_records_where_each_part_ran(minilm_path, text_file, weights,
                                                                                   monkeypatch, capsys):
     steps = ["--steps", "5", "--save-every", "2", "--log-every", "3"]  # the state of step 2 is between log lines
-    monkeypatch.setattr(pretrain.cli, "cpu_kind", lambda: {"model": "AMD EPYC", "capability": "AVX2",
+    monkeypatch.setattr(pretrain.cpu, "cpu_kind", lambda: {"model": "AMD EPYC", "capability": "AVX2",
                                                            "bf16_unit": False})
     killed_in_step(3, monkeypatch, "m", text_file, minilm_path, *steps)
-    monkeypatch.setattr(pretrain.cli, "cpu_kind", lambda: {"model": "Intel Xeon", "capability": "AVX512",
+    monkeypatch.setattr(pretrain.cpu, "cpu_kind", lambda: {"model": "Intel Xeon", "capability": "AVX512",
                                                            "bf16_unit": True})
     capsys.readouterr()
     record = run("m", text_file, minilm_path, *steps)
@@ -148,10 +148,10 @@ def test_a_run_resumed_on_another_machine_says_so_and_records_where_each_part_ra
 def test_a_state_saved_before_cpu_kind_named_amx_resumes_on_the_same_machine_without_a_note(
         minilm_path, text_file, weights, monkeypatch, capsys):
     steps = ["--steps", "5", "--save-every", "2", "--log-every", "3"]
-    old = {"model": "Intel Xeon", "capability": "AVX512", "bf16_unit": True}  # cli.cpu_kind before 2026-12-01
-    monkeypatch.setattr(pretrain.cli, "cpu_kind", lambda: old)
+    old = {"model": "Intel Xeon", "capability": "AVX512", "bf16_unit": True}  # cpu.cpu_kind before 2026-12-01
+    monkeypatch.setattr(pretrain.cpu, "cpu_kind", lambda: old)
     killed_in_step(3, monkeypatch, "m", text_file, minilm_path, *steps)
-    monkeypatch.setattr(pretrain.cli, "cpu_kind", lambda: {**old, "amx": True, "family_model": "6/167"})
+    monkeypatch.setattr(pretrain.cpu, "cpu_kind", lambda: {**old, "amx": True, "family_model": "6/167"})
     capsys.readouterr()
     run("m", text_file, minilm_path, *steps)
     out = capsys.readouterr().out

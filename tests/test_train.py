@@ -783,13 +783,15 @@ def test_bf16_on_a_cpu_without_a_bf16_unit_says_so_once(world, capsys, monkeypat
     """The lab's trainer: one note on stderr (lab/cpu.py), and none for fp32 or on a CPU whose bf16 unit pays; one,
     with the measured ratio, where the unit's bf16 products are slower than fp32's."""
     from lab import cpu
-    monkeypatch.setattr(cli, "cpu_kind", lambda: {"model": "AMD EPYC", "capability": "AVX2", "bf16_unit": False})
+    monkeypatch.setattr(cli, "bf16_unit", lambda: False)
+    monkeypatch.setattr(cpu, "cpu_kind", lambda: {"model": "AMD EPYC", "capability": "AVX2", "bf16_unit": False})
     lab = dict(main=lab_train.main)
     run(world, "--precision", "bf16", "--max-steps", "1", "--eval-every", "10", **lab)
     assert capsys.readouterr().err.count("note: --precision bf16 on a CPU without bf16 matrix instructions") == 1
     run(world, "--max-steps", "1", "--eval-every", "10", "--overwrite", **lab)
     assert "note:" not in capsys.readouterr().err
-    monkeypatch.setattr(cli, "cpu_kind", lambda: {"model": "Xeon", "capability": "AVX512", "bf16_unit": True})
+    monkeypatch.setattr(cli, "bf16_unit", lambda: True)
+    monkeypatch.setattr(cpu, "cpu_kind", lambda: {"model": "Xeon", "capability": "AVX512", "bf16_unit": True})
     monkeypatch.setattr(cpu, "bf16_matmul_speedup", lambda: 3.0)  # a unit whose bf16 products pay (AMX)
     run(world, "--precision", "bf16", "--max-steps", "1", "--eval-every", "10", "--overwrite", **lab)
     assert "note:" not in capsys.readouterr().err

@@ -22,6 +22,7 @@ import torch
 import checkpoint
 import cli
 import data
+from lab import cpu
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository: train.py, results/
 BENCH = ["-m", "lab.bench"]  # the entry point, run from ROOT; its --peak-child and --alloc-child run one measurement in a fresh process
@@ -196,7 +197,7 @@ BUSY = 0.5  # a 1-minute load average above this share of the CPUs: other work c
 
 
 def environment():
-    """results["env"]: the software, the machine, its CPU's kind (cli.cpu_kind: what a speed figure depends on) and
+    """results["env"]: the software, the machine, its CPU's kind (cpu.cpu_kind: what a speed figure depends on) and
     the load on it as the run begins (the 1-minute load average; None where the OS has none)."""
     try:
         load = os.getloadavg()[0]
@@ -204,7 +205,7 @@ def environment():
         load = None
     return dict(torch=torch.__version__, python=platform.python_version(), machine=platform.machine(),
                 cpus=os.cpu_count(), torch_threads=torch.get_num_threads(),
-                cuda=torch.cuda.get_device_name() if torch.cuda.is_available() else None, cpu=cli.cpu_kind(),
+                cuda=torch.cuda.get_device_name() if torch.cuda.is_available() else None, cpu=cpu.cpu_kind(),
                 load_avg=load)
 
 

