@@ -337,7 +337,7 @@ def encode(model, tokenizer, sentences, pooling=None, layer=-1, batch_size=64, d
     if pooling is None:
         pooling = getattr(model, "pooling", None) or "cls"  # Bert.from_checkpoint's record
     return encode_many(model, tokenizer, sentences, [(pooling, layer)], batch_size, dropout,
-                       progress, precision)[pooling, layer]
+                       progress, precision=precision)[pooling, layer]
 
 
 def encode_many(model, tokenizer, sentences, specs, batch_size=64, dropout=False, progress=None,

@@ -149,10 +149,6 @@ def bf16_unit():
         return False
 
 
-def cpu_kind():  # runtime.py's call, until it calls bf16_unit(); the CPU's kind: lab/cpu.py
-    return {"bf16_unit": bf16_unit()}
-
-
 def add_run_flags(a):
     """train.py's flags of the run (data, schedule, selection, output, device), the lab's too."""
     a("--data", default="stsb", help="'stsb' (STS-B's 17,256 sentences, as the official code; "

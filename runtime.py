@@ -139,6 +139,6 @@ class Bf16Products(TorchDispatchMode):
 
 def bf16_products(precision, device_type):
     """What a --precision run holds around its passes: Bf16Products for bf16 on a CPU without bf16
-    matrix instructions (cli.cpu_kind), else nothing (fp32; a bf16 unit or a GPU runs torch's)."""
-    emulate = precision == "bf16" and device_type == "cpu" and not cli.cpu_kind()["bf16_unit"]
+    matrix instructions (cli.bf16_unit), else nothing (fp32; a bf16 unit or a GPU runs torch's)."""
+    emulate = precision == "bf16" and device_type == "cpu" and not cli.bf16_unit()
     return Bf16Products() if emulate else contextlib.nullcontext()
