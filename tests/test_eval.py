@@ -3,6 +3,7 @@ import contextlib
 import functools
 import gzip
 import http.server
+import inspect
 import json
 import math
 import os
@@ -848,7 +849,11 @@ def test_precision_bf16_reaches_every_encoding_and_is_recorded(tiny_data, tiny_m
     default is fp32. (How
     close bf16's vectors are to fp32's: tests/test_bert.py.)"""
     seen, real = [], bert.encode_many
-    monkeypatch.setattr(bert, "encode_many", lambda *a, **kw: seen.append(kw.get("precision")) or real(*a, **kw))
+
+    def spy(*a, **kw):  # the precision, given by name or in its place
+        seen.append(inspect.signature(real).bind(*a, **kw).arguments.get("precision", "fp32"))
+        return real(*a, **kw)
+    monkeypatch.setattr(bert, "encode_many", spy)
     monkeypatch.setattr(cli, "cpu_kind", lambda: {"model": "AMD EPYC", "capability": "AVX2", "bf16_unit": False})
     root, out = tiny_data[0], tmp_path / "r.json"
     common = ["--model", str(tiny_model), "--data-dir", str(root), "--device", "cpu", "--json", str(out)]
