@@ -411,11 +411,10 @@ def build_run(cfg, bert_F, tokenizer, examples, data_dir, device, rank=0, world=
     kind = "pairs" if isinstance(examples[0], tuple) else "sentences"
     print(f"{len(examples)} {kind} | {total} steps of {cfg.batch_size} | {cfg.loss} (tau {cfg.tau})"
           f" | BERT_F's views: hidden states {layers[0]}..{layers[-1]} ({len(layers)})")
-    return Run(cfg=cfg, bert_F=bert_F, bert_T=bert_T, head=head, optimizer=optimizer,
+    return Run(cfg=cfg, bert_F=bert_F, bert_T=bert_T, head=head, optimizer=optimizer, total=total,
                trainable=[p for g in optimizer.param_groups for p in g["params"]], layers=layers,
-               total=total, tokenizer=tokenizer,
                eval_tokenizer=evaluate.eval_tokenizer(tokenizer, bert_F.config), examples=examples,
-               data_dir=data_dir, device=device, rank=rank, world=world,
+               tokenizer=tokenizer, data_dir=data_dir, device=device, rank=rank, world=world,
                gen=torch.Generator().manual_seed(cfg.seed), meta=run_meta(cfg, tokenizer))
 
 
