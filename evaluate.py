@@ -1,20 +1,11 @@
-"""
-STS evaluation of sentence vectors: the cosine of a pair's vectors, Spearman x100 against gold.
+"""STS evaluation: the cosine of a pair's sentence vectors, Spearman x100 against the gold scores.
 
 It follows SentEval's STSEval (facebookresearch/SentEval, senteval/sts.py) as SimCSE runs it
-(princeton-nlp/SimCSE, evaluation.py --mode test), the paper's setting. STS12-16 are reported in
-three protocols, because papers mix them up and the numbers differ by several points:
+(princeton-nlp/SimCSE, evaluation.py --mode test), the paper's setting. STS12-16 have subsets:
     all    one Spearman over the pairs of all subsets concatenated (SimCSE, the paper: the headline)
     wmean  the subsets' Spearmans averaged, weighted by subset size (SentEval's "wmean")
     mean   the subsets' Spearmans averaged (SentEval's "mean")
-STS-B and SICK-R are single test sets, so the three coincide. Every evaluation takes a function
-vectors(sentences) -> (n, H), so a pooling plugs in without touching the evaluator.
-
---json: {"model", "model_sha256", "device", "precision", "pooling", "layer", "sts": {task:
-{"all", "wmean", "mean"}, "avg", ...}, "transfer", "layerwise", "pairs"}, the last three null
-here: the lab's evaluations fill them (python -m lab.evaluate).
-
-    python evaluate.py --ckpt sg.safetensors --json results.json
+Papers mix these up, and they differ by points. STS-B and SICK-R are single sets: the three agree.
 """
 import contextlib
 import difflib
@@ -48,8 +39,7 @@ and a --ckpt with a fitted transform or a template"""
 # the command line
 
 
-def parser():
-    """The core's flags; the lab's evaluations (lab/evaluate.py) add theirs to this parser."""
+def parser():  # the lab's evaluations (lab/evaluate.py) add their flags to it
     p = cli.parser("evaluate.py", "STS evaluation (Spearman x100) in the all / wmean / mean "
                    "protocols", EPILOG)
     src = p.add_mutually_exclusive_group(required=True)
@@ -79,10 +69,7 @@ def expand(tasks):
     return list(dict.fromkeys(x for t in tasks for x in TASK_SETS.get(t, [t])))
 
 
-def get_args(argv=None):
-    """The core's flags, parsed once; the lab's flags, poolings and tasks: one line that gives the
-    lab's command."""
-    argv = sys.argv[1:] if argv is None else argv
+def get_args(argv):  # the lab's flags, poolings and tasks: one line with the lab's command
     args = cli.parse(parser(), argv, lab="lab.evaluate")
     if args.pooling is not None and args.pooling not in bert.POOLINGS:
         cli.to_the_lab(f"--pooling {args.pooling}: evaluate.py pools {', '.join(bert.POOLINGS)}",
@@ -99,8 +86,7 @@ def get_args(argv=None):
 
 
 def eval_tokenizer(tokenizer, config):
-    """The tokenizer of every evaluation (here and train.py's): a copy that truncates at
-    EVAL_MAX_LEN tokens (or the model's limit), never at the --max-len a model was trained at."""
+    """Every evaluation's tokenizer: truncates at EVAL_MAX_LEN, never at a run's --max-len."""
     from tokenizers import Tokenizer
     tok = Tokenizer.from_str(tokenizer.to_str())
     tok.enable_truncation(max_length=min(EVAL_MAX_LEN, config.max_position_embeddings))
@@ -109,8 +95,7 @@ def eval_tokenizer(tokenizer, config):
 
 def sentence_vectors(model, tokenizer, pooling="cls", layer=-1, batch_size=64, log=None,
                      precision="fp32"):
-    """vectors(sentences) -> (n, H) float32, what every evaluation takes. pooling: bert.encode's (a
-    name, or a function); log: where a running count goes while a large set is encoded."""
+    """vectors(sentences) -> (n, H) float32: what every evaluation takes, so a pooling plugs in."""
     def vectors(sentences):
         count = cli.Counter(log) if log and len(sentences) >= 2000 else None
         return bert.encode(model, tokenizer, sentences, pooling=pooling, layer=layer,
@@ -118,8 +103,7 @@ def sentence_vectors(model, tokenizer, pooling="cls", layer=-1, batch_size=64, l
     return vectors
 
 
-def cosine(a, b):
-    """Row-wise cosine similarity of (n, H) and (n, H) -> (n,), in float64."""
+def cosine(a, b):  # row-wise: (n, H) and (n, H) -> (n,), in float64
     a, b = a.astype(np.float64), b.astype(np.float64)
     return (a * b).sum(1) / np.maximum(np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1), 1e-12)
 
@@ -130,15 +114,14 @@ def constant(x):
     return np.ptp(x) <= 64 * np.finfo(np.float64).eps * np.abs(x).max(initial=0)
 
 
-def spearman(x, y):
-    """Spearman rank correlation x100 (scipy); NaN when either side is constant."""
+def spearman(x, y):  # x100; NaN when either side is constant
     if constant(x) or constant(y):
         return float("nan")
     return float(100 * spearmanr(x, y).statistic)
 
 
 def spearman_table(subsets):
-    """{subset: (similarities, gold)} -> {"all", "wmean", "mean"} Spearman x100 (see the top)."""
+    """{subset: (similarities, gold)} -> {"all", "wmean", "mean"}: Spearman x100 (see the top)."""
     rhos = [spearman(sims, gold) for sims, gold in subsets.values()]
     sizes = [len(gold) for _, gold in subsets.values()]
     every = [np.concatenate(x) for x in zip(*subsets.values())]  # (sims, gold) of all subsets
@@ -146,14 +129,12 @@ def spearman_table(subsets):
             "mean": float(np.mean(rhos))}
 
 
-def unique_sentences(pairs):
-    """The distinct sentences of [(s1, s2, gold), ...], first seen first, and sentence -> row."""
+def unique_sentences(pairs):  # [(s1, s2, gold), ...] -> the distinct sentences, sentence -> row
     uniq = list(dict.fromkeys(s for s1, s2, _ in pairs for s in (*s1, *s2)))
     return uniq, {s: i for i, s in enumerate(uniq)}
 
 
-def similarities(emb, index, s1, s2):
-    """Cosine of each pair, from the embeddings (n, H) of the distinct sentences."""
+def similarities(emb, index, s1, s2):  # each pair's cosine, from the distinct sentences' (n, H)
     return cosine(emb[[index[s] for s in s1]], emb[[index[s] for s in s2]])
 
 
@@ -162,10 +143,7 @@ def progress(msg):
 
 
 def evaluate_sts(vectors, tasks, data_dir, log=progress, cosines=None, load=load_task):
-    """Spearman x100 of every task in every protocol: {task: {"all", "wmean", "mean"}, "avg"
-    (over data.TASKS, else all), "sentences", "sentences_per_s", "seconds", "task_seconds"}, each
-    distinct sentence encoded once. cosines: a dict that receives {task: (cosines, gold)}, as
-    'all' ranks them; load(task, data_dir) -> {subset: (sentences1, sentences2, gold)}."""
+    """{task: {"all", "wmean", "mean"}, *SUMMARY}, each distinct sentence encoded once."""
     t0 = time.perf_counter()
     results, n_sent, t_enc, task_seconds = {}, 0, 0.0, {}
     for task in tasks:
@@ -176,10 +154,10 @@ def evaluate_sts(vectors, tasks, data_dir, log=progress, cosines=None, load=load
         emb = vectors(uniq)  # (n, H)
         t_enc += time.perf_counter() - t
         n_sent += len(uniq)
-        sims = {k: (similarities(emb, index, s1, s2), gold) for k, (s1, s2, gold) in
-                subsets.items()}
+        sims = {k: (similarities(emb, index, s1, s2), gold)
+                for k, (s1, s2, gold) in subsets.items()}
         results[task] = spearman_table(sims)
-        if cosines is not None:
+        if cosines is not None:  # the lab's --cosines-out and --pairs
             cosines[task] = [np.concatenate(x) for x in zip(*sims.values())]  # (cosines, gold)
         task_seconds[task] = time.perf_counter() - t  # encoding and scoring: its inference time
         log(f"{SHORT.get(task, task)}: {len(uniq)} sentences, {task_seconds[task]:.1f} s, "
@@ -191,8 +169,7 @@ def evaluate_sts(vectors, tasks, data_dir, log=progress, cosines=None, load=load
     return results
 
 
-def stsb_spearman(vectors, data_dir, split="dev"):
-    """STS-B Spearman x100 of one split: train.py's dev score for picking the best checkpoint."""
+def stsb_spearman(vectors, data_dir, split="dev"):  # train.py's dev score, and its final report
     s1, s2, gold = load_stsb(split, data_dir)
     uniq, index = unique_sentences([(s1, s2, gold)])
     return spearman(similarities(vectors(uniq), index, s1, s2), gold)
@@ -208,8 +185,7 @@ def print_table(results, tasks, title):
           f"sentences/s; evaluation took {results['seconds']:.1f} s")
 
 
-def where(args, device, pooling=None):
-    """A table's title after what it holds: the model by its own name, pooling, layer, device."""
+def where(args, device, pooling=None):  # a table's title: the model, pooling, layer, device
     return (f"{cli.model_name(args.ckpt or args.model)} | pooling {pooling or args.pooling} | "
             f"layer {args.layer} | device {device}" + (" bf16" if args.precision == "bf16" else ""))
 
@@ -217,40 +193,32 @@ def where(args, device, pooling=None):
 # the model, the checks, the outputs
 
 
-def model_inputs(flag, name):
-    """(what, path) of the files a model is read from: a folder's, or the file itself."""
+def model_inputs(flag, name):  # (what, path) of the files a model is read from
     p = checkpoint.local_path(name)
     return [(f"{flag} file", p / f) for f in MODEL_FILES] if p.is_dir() else [(flag, p)]
 
 
-def inputs(args):
-    """(what, path) of the files a run reads, which no output may be: a --ckpt, a --model's."""
-    return model_inputs("--ckpt" if args.ckpt else "--model", args.ckpt or args.model)
-
-
-def check_not_read(flag, path, reads):
-    """An output `path` that is one of the run's inputs `reads` (what, path): refused."""
+def check_not_read(flag, path, reads):  # an output that is one of the inputs `reads`: refused
     for what, source in reads if path else ():
         if checkpoint.same_path(path, source):
             die(f"{flag} {path} is the {what} {source}: writing it would replace what it reads; "
                 "give another file")
 
 
-def check_args(args, outputs=None, reads=None):
-    """Refuse bad input before any work, one line each; outputs (flag, path, suffix) not `reads`."""
-    for flag, path, suffix in [("--json", args.json, ".json")] if outputs is None else outputs:
+def check_args(args, outputs=None, reads=()):
+    reads = [*reads, *model_inputs("--ckpt" if args.ckpt else "--model", args.ckpt or args.model)]
+    for flag, path, suffix in outputs or [("--json", args.json, ".json")]:
         try:
             path and checkpoint.check_output(path, suffix)
         except checkpoint.LoadError as e:
             die(f"{flag} {e}")
-        check_not_read(flag, path, inputs(args) if reads is None else reads)
+        check_not_read(flag, path, reads)
     if args.batch_size < 1:
         die(f"--batch-size must be at least 1, not {args.batch_size}")
 
 
 @contextlib.contextmanager
-def loading(args):
-    """An error while the model is read or built: one line (a LoadError names the file)."""
+def loading(args):  # an error while the model is read or built: one line
     try:
         yield
     except checkpoint.LoadError as e:
@@ -277,7 +245,6 @@ def read(args):
 
 
 def build(args, ck):
-    """The model and its evaluation tokenizer from what read() read; --layer checked against it."""
     with loading(args):
         model = bert.Bert.from_checkpoint(ck)
         tokenizer = eval_tokenizer(bert.tokenizer_of(ck), model.config)
@@ -289,8 +256,7 @@ def build(args, ck):
 
 
 def lab_checkpoint(ck):
-    """What of a checkpoint the core does not evaluate (a fitted transform, a template, a pooling
-    not of bert's), in words, or None."""
+    """What of a checkpoint only the lab evaluates, in words, or None."""
     if "transform" in ck.meta or any(k.startswith(checkpoint.TRANSFORM_PREFIX) for k in ck.tensors):
         return "holds a fitted transform"
     if "template" in ck.meta:
@@ -299,8 +265,7 @@ def lab_checkpoint(ck):
     return None if pooling in (None, *bert.POOLINGS) else f"records pooling {pooling!r}"
 
 
-def save(path, write, what):
-    """Write one output through write(path) (atomic), then say so; a full disk: one line."""
+def save(path, write, what):  # one output, through write(path) (atomic)
     try:
         write(path)
     except OSError as e:
@@ -334,6 +299,7 @@ def main(argv=None):
     results = {"model": checkpoint.display_name(args.ckpt or args.model), "model_sha256": sha,
                "device": device, "precision": args.precision, "pooling": args.pooling,
                "layer": args.layer, "sts": sts, "transfer": None, "layerwise": None, "pairs": None}
+    # "transfer", "layerwise", "pairs": the lab's evaluations fill them (python -m lab.evaluate)
     print_table(sts, [t for t in sts if t in TASKS], f"STS Spearman x100 | {where(args, device)}")
     if args.json:
         save(args.json, lambda path: checkpoint.write_json(path, results), "results")

@@ -1,15 +1,10 @@
-"""
-SG-OPT: self-guided contrastive training of BERT sentence vectors (Kim, Yoo, Lee, ACL 2021, sec. 3).
+"""SG-OPT: self-guided contrastive learning of BERT sentence vectors (Kim, Yoo, Lee, ACL 2021).
 
-    python train.py --model bert-base-uncased --loss opt    # -> sg.safetensors
-    python evaluate.py --ckpt sg.safetensors
-
-Two copies of BERT: BERT_F stays frozen, BERT_T is trained. For sentence i, c_i is BERT_T's [CLS]
-vector, and h_ik is BERT_F's hidden state k averaged over the tokens, for every k = 0..l. A head f
-maps both; sg_loss.sg_opt pulls f(c_i) towards its own views and away from other sentences' views.
-lam * ||BERT_T - BERT_F||^2 keeps BERT_T near BERT_F. train_step is one such step, top to bottom.
-The ablations sg, opt1 and opt2 (Table 5) see one view per sentence, its layer drawn at random.
-Where the official code (galsang/SG-BERT) and the paper differ we follow the code, with a flag.
+BERT_F stays frozen and BERT_T is trained (sec. 3). For sentence i, c_i is BERT_T's [CLS] vector,
+h_ik BERT_F's hidden state k averaged over the tokens, k = 0..l. A head f maps both; sg_loss.sg_opt
+pulls f(c_i) towards its own views and away from the other sentences'. lam * ||BERT_T - BERT_F||^2
+keeps BERT_T near BERT_F. The ablations sg, opt1, opt2 (Table 5) see one view a sentence, its layer
+drawn. Where the paper and its code (galsang/SG-BERT) differ, we follow the code, with a flag.
 """
 import argparse
 import contextlib
@@ -55,8 +50,7 @@ the lab's methods and flags: python -m lab.train --help (--loss sg-opt-sscl, con
 promptbert, esimcse, sscl, diffcse, whitening, flow; --aug1, --aug2, ...)"""
 
 
-def add_sg_flags(a):
-    """The method's flags, the paper's symbols; where code and paper differ, the code's default."""
+def add_sg_flags(a):  # the paper's symbols; where code and paper differ, the code's default
     a("--model", default="bert-base-uncased", help="base model: a folder, our .safetensors, or a "
       "name in models/ or weights/ (default: %(default)s)")
     a("--loss", default="opt", help="opt: SG-OPT over all b x (l+1) views (default); sg: NT-Xent; "
@@ -113,8 +107,9 @@ class Run:
         bf16 = self.cfg.precision == "bf16"
         return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=bf16)
 
-    def step(self, step, s1, s2):  # s2: the paraphrases, or None
-        return train_step(self, step, *inputs(self, s1, s2))
+    def step(self, step, s1, s2):  # s2: the paraphrases, or None (the views read s1 too)
+        x1 = batch(self, self.tokenizer, s1)
+        return train_step(self, step, x1, x1 if s2 is None else batch(self, self.tokenizer, s2))
 
     def vectors(self, model):  # sentences -> (n, H), for the dev score and the final report
         return evaluate.sentence_vectors(model, self.eval_tokenizer, self.cfg.eval_pooling,
@@ -125,8 +120,7 @@ class Run:
 
 
 def train_step(run, step, x1, x2):
-    """One step of SG-OPT (or an ablation). x1, x2: (ids, mask) of c_i's and the views' sentences.
-    -> loss, lam * L^reg, the gradient norm, the lr."""
+    """One step of SG-OPT or an ablation; x1, x2: (ids, mask) of c_i's and the views' sentences."""
     cfg = run.cfg
     # h_ik: BERT_F's hidden states k = run.layers, each pooled over the tokens -> (b, L, H)
     with torch.no_grad(), run.autocast():
@@ -158,13 +152,12 @@ def train_step(run, step, x1, x2):
 ABLATIONS = {"sg": sg_loss.nt_xent, "opt1": sg_loss.opt1, "opt2": sg_loss.opt2}
 
 
-def view(hidden, mask, pooling):
-    """One hidden state (b, T, H) pooled over the real tokens ([CLS] and [SEP] too) -> (b, H)."""
+def view(hidden, mask, pooling):  # (b, T, H) pooled over the real tokens, [CLS] and [SEP] too
     return bert.masked_mean(hidden, mask) if pooling == "mean" else bert.pool([hidden], mask, "max")
 
 
 def update(run, step):
-    """The optimizer's tail, shared with the lab: lr, clip to norm 1, AdamW. -> (lr, the norm)."""
+    """The optimizer's tail, shared with the lab: lr, clip to norm 1, AdamW -> (lr, norm)."""
     lr = get_lr(step, run.total, run.cfg.lr)
     for g in run.optimizer.param_groups:
         g["lr"] = lr
@@ -174,7 +167,7 @@ def update(run, step):
 
 
 def get_lr(step, total, peak):
-    """Warm-up over 10% of the steps, then decay to 0, linear (the code's transformers schedule)."""
+    """Linear warm-up over 10% of the steps, then linear decay to 0 (the code's schedule)."""
     warmup = math.ceil(0.1 * total)
     if step < warmup:
         return peak * step / warmup
@@ -199,19 +192,13 @@ def batches(run):
                 yield ([e[0] for e in ex], [e[1] for e in ex]) if pairs else (ex, None)
 
 
-def inputs(run, s1, s2):
-    """(ids, mask) of c_i's sentences and of the views': the paraphrases, else the same tensors."""
-    x1 = batch(run, run.tokenizer, s1)
-    return x1, (x1 if s2 is None else batch(run, run.tokenizer, s2))
-
-
 def batch(run, tokenizer, sentences):  # -> (ids, mask) on the run's device
     pad = raw(run.bert_T).config.pad_token_id
     return bert.batch_tensors(tokenizer.encode_batch(sentences), pad, run.device)
 
 
 def train_loop(run, keeper):
-    """Steps, log lines, dev evaluations, the best checkpoint. -> (why it stopped early; stats)."""
+    """Steps, log lines, dev evaluations, the best checkpoint -> (why it stopped early, stats)."""
     cfg = run.cfg
     stats = dict(history=[], scores=[], step=0, t_start=time.time(), train_seconds=0.0,
                  eval_seconds=[])
@@ -234,9 +221,8 @@ def train_loop(run, keeper):
                 if not math.isfinite(loss_v):
                     stop = f"non-finite loss {loss_v} at step {step}"
                     break
-                per_eval = sum(stats["eval_seconds"]) / len(stats["eval_seconds"])
                 eta = eta_seconds(step, run.total, cfg.eval_every, stats["train_seconds"] / step,
-                                  per_eval)
+                                  sum(stats["eval_seconds"]) / len(stats["eval_seconds"]))
                 print(f"step {step}/{run.total} | loss {loss_v:.4f} | reg {reg.item():.2e} | norm "
                       f"{norm.item():.2f} | lr {lr:.2e} | {1000 * dt:.0f} ms/step | "
                       f"{cfg.batch_size / dt:.0f} sent/s | ETA {eta / 60:.1f} min", flush=True)
@@ -255,17 +241,15 @@ def train_loop(run, keeper):
 
 
 def eta_seconds(step, total, eval_every, seconds_per_step, seconds_per_eval):
-    """Seconds left: the steps, and the evaluations to come at their mean."""
     evals = total // eval_every - (step - 1) // eval_every + (total % eval_every != 0)
     return (total - step) * seconds_per_step + evals * seconds_per_eval
 
 
 def early_stop(scores, rule, patience):
-    """'code' (the official code's): count the scores below the one before (the first against
-    0), never reset; 'best': count them since the last new best. patience 0: never stop."""
+    """'code' (the official code's): the scores below the one before; 'best': since the best."""
     if not patience:
         return False
-    if rule == "code":
+    if rule == "code":  # never reset; the first score is compared with 0
         return sum(s < prev for s, prev in zip(scores, [0.0] + scores[:-1])) >= patience
     return len(scores) - 1 - scores.index(max(scores)) >= patience
 
@@ -274,8 +258,7 @@ def early_stop(scores, rule, patience):
 # evaluation and the best checkpoint
 
 
-def evaluation(run, keeper, stats, step):
-    """Rank 0: the dev score, the best checkpoint, the early-stop rule. Every process: stop now?"""
+def evaluation(run, keeper, stats, step):  # rank 0 scores and keeps; every process: stop now?
     stop = None
     if run.rank == 0:
         print(f"eval step {step} | encoding STS-B dev ...",
@@ -293,12 +276,10 @@ def evaluation(run, keeper, stats, step):
 
 
 class BestCheckpoint:
-    """The best weights so far, in --out, written at each new best dev score. Step 0 (the base
-    model) is the bar, never selected (the official codes' rule), unless --select any."""
+    """The best weights so far, in --out. Step 0, the base model, is the bar unless --select any."""
 
     def __init__(self, run):
         self.run, self.out = run, run.cfg.out
-        self.any = run.cfg.select == "any"  # may step 0 be the best?
         self.best = {"step": -1, "dev": -math.inf}  # the best selectable evaluation so far
         self.base = None  # step 0's dev score: the base model's
         self.saved = {}  # the step and dev score of the checkpoint this run wrote to --out
@@ -324,7 +305,7 @@ class BestCheckpoint:
             checkpoint.save_checkpoint(self.out, weights, meta)
         except OSError as e:  # e.g. a full disk: the file in place is intact (the write is atomic)
             die(f"cannot write {self.out} ({e.strerror or e}); {self.kept()}")
-        self.saved = {"step": step, "dev": dev}  # only once the file is in place
+        self.saved = best  # only once the file is in place
 
     def offer(self, step, dev):
         if not math.isfinite(dev):  # never let a NaN score pick the "best" model
@@ -332,7 +313,7 @@ class BestCheckpoint:
                 f"{self.kept()}")
         if step == 0:
             self.base = dev
-        if (step > 0 or self.any) and dev > self.best["dev"]:
+        if (step > 0 or self.run.cfg.select == "any") and dev > self.best["dev"]:
             self.best = {"step": step, "dev": dev}
             if step > 0:  # the base model is written at the end only, if it stays the best
                 self.save(raw(self.run.bert_T), step, dev)
@@ -346,28 +327,25 @@ class BestCheckpoint:
                   "keeps the base model)")
 
 
-def finish(run, keeper, stop, stats):
-    """The final report on the best checkpoint -> the --json result (None: none written)."""
+def finish(run, keeper, stop, stats):  # the final report -> the --json result (None: none written)
     keeper.settle()
     wall, step = time.time() - stats["t_start"], stats["step"]
     if stop:
         print(f"{stop}; {keeper.kept()}")
     if not keeper.saved:  # stopped before any trained evaluation: nothing of this run to report on
         return None
+    ms_per_step = 1000 * stats["train_seconds"] / max(step, 1)
     if step:
-        print(f"{step} steps in {wall / 60:.1f} min "
-              f"({1000 * stats['train_seconds'] / step:.0f} ms per training step)")
+        print(f"{step} steps in {wall / 60:.1f} min ({ms_per_step:.0f} ms per training step)")
     model = bert.Bert.from_pretrained(run.cfg.out).to(run.device)
     result = final_report(run.cfg, run.vectors(model), run.data_dir, keeper.best, run.device)
     result.update(steps=step, base_dev=keeper.base, losses=stats["history"], wall_seconds=wall,
-                  stop=stop, ms_per_step=1000 * stats["train_seconds"] / max(step, 1),
-                  **run.record())
+                  stop=stop, ms_per_step=ms_per_step, **run.record())
     return result
 
 
 def final_report(cfg, vectors, data_dir, best, device):
-    """STS-B dev and test of the best weights (the official code evaluates the last ones), the
-    test's encoding time (Table 6), with --eval-all the 7 STS tasks."""
+    """STS-B dev and test of the best weights (the official code: the last), timed (Table 6)."""
     print("encoding STS-B dev and test ...", flush=True)
     dev = evaluate.stsb_spearman(vectors, data_dir, "dev")
     runtime.sync(device)
@@ -387,12 +365,9 @@ def final_report(cfg, vectors, data_dir, best, device):
     return result
 
 
-def write_result(path, result):
-    """--json, atomically; a failed write is one line, exit 1."""
-    if not path or result is None:
-        return
+def write_result(path, result):  # --json; None: no checkpoint, no result
     try:
-        checkpoint.write_json(path, result)
+        path and result is not None and checkpoint.write_json(path, result)
     except OSError as e:
         die(f"cannot write --json {path} ({e.strerror or e}); the checkpoint and the report above "
             "are complete", code=1)
@@ -402,7 +377,6 @@ def write_result(path, result):
 
 
 def read_setup(cfg):
-    """The base model, its tokenizer, the training examples and the data folder."""
     try:
         model = bert.Bert.from_pretrained(cfg.model)
         max_len = min(cfg.max_len, model.config.max_position_embeddings)
@@ -425,7 +399,6 @@ def read_setup(cfg):
 
 
 def build_run(cfg, bert_F, tokenizer, examples, data_dir, device, rank=0, world=1):
-    """BERT_F (frozen), BERT_T (a trained copy), the head f, AdamW; DDP on several processes."""
     layers = view_layers(cfg.layers, bert_F.config.num_hidden_layers + 1)
     bert_F, bert_T = two_berts(cfg, bert_F, device)
     H = bert_F.config.hidden_size
@@ -438,16 +411,14 @@ def build_run(cfg, bert_F, tokenizer, examples, data_dir, device, rank=0, world=
     kind = "pairs" if isinstance(examples[0], tuple) else "sentences"
     print(f"{len(examples)} {kind} | {total} steps of {cfg.batch_size} | {cfg.loss} (tau {cfg.tau})"
           f" | BERT_F's views: hidden states {layers[0]}..{layers[-1]} ({len(layers)})")
-    return Run(cfg=cfg, bert_F=bert_F, bert_T=bert_T, head=head, optimizer=optimizer,
+    return Run(cfg=cfg, bert_F=bert_F, bert_T=bert_T, head=head, optimizer=optimizer, total=total,
                trainable=[p for g in optimizer.param_groups for p in g["params"]], layers=layers,
-               total=total, tokenizer=tokenizer,
                eval_tokenizer=evaluate.eval_tokenizer(tokenizer, bert_F.config), examples=examples,
-               data_dir=data_dir, device=device, rank=rank, world=world,
+               tokenizer=tokenizer, data_dir=data_dir, device=device, rank=rank, world=world,
                gen=torch.Generator().manual_seed(cfg.seed), meta=run_meta(cfg, tokenizer))
 
 
 def two_berts(cfg, bert_F, device):
-    """BERT_F, frozen, never in the autograd graph; BERT_T, a copy whose embeddings stay frozen."""
     torch.manual_seed(cfg.seed)
     bert_F = bert_F.to(device).train(cfg.teacher_dropout == "on").requires_grad_(False)
     bert_T = copy.deepcopy(bert_F).train(cfg.dropout == "on").requires_grad_(True)
@@ -455,8 +426,7 @@ def two_berts(cfg, bert_F, device):
     return bert_F, bert_T
 
 
-def adamw(modules, cfg):
-    """AdamW as the code's (betas 0.9, eps 1e-6), decay on weight matrices only; fused."""
+def adamw(modules, cfg):  # the code's: betas (0.9, 0.9), eps 1e-6, decay on weight matrices only
     decay, no_decay = [], []
     for m in modules:
         for name, p in m.named_parameters():
@@ -467,35 +437,27 @@ def adamw(modules, cfg):
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.9), eps=1e-6, fused=True)
 
 
-def steps(cfg, examples, world):
-    """The run's training steps: --max-steps, else the epochs' batches (see batches())."""
+def steps(cfg, examples, world):  # --max-steps, else the epochs' batches (see batches())
     last = len(examples) % cfg.batch_size
     n_batches = len(examples) // cfg.batch_size + (last - last % world >= max(2, world))
     return cfg.max_steps or cfg.epochs * n_batches
 
 
 def view_layers(spec, n_hidden):
-    """The hidden states of BERT_F (0 = embeddings .. l) named by 'A:B'."""
     layers = list(range(n_hidden))[layer_slice(spec)]
     if not layers:
         die(f"--layers {spec}: selects none of the {n_hidden} hidden states 0..{n_hidden - 1}")
     return layers
 
 
-def run_meta(cfg, tokenizer):
-    """What every checkpoint of the run says of it (checkpoint.META)."""
-    return {"tokenizer": tokenizer.to_str(), **base_meta(cfg.model), "args": vars(cfg),
-            "git": git_sha(), "pooling": cfg.eval_pooling, "method": cfg.loss}
-
-
-def base_meta(model):
-    """The base model's name, and the sha256 of its weights on disk."""
-    sha = checkpoint.weights_sha256(model)
-    return {"base_model": checkpoint.display_name(model), **({"base_sha256": sha} if sha else {})}
+def run_meta(cfg, tokenizer):  # what every checkpoint of the run says of it (checkpoint.META)
+    sha = checkpoint.weights_sha256(cfg.model)  # of the base model's weights on disk
+    return {"tokenizer": tokenizer.to_str(), "base_model": checkpoint.display_name(cfg.model),
+            **({"base_sha256": sha} if sha else {}), "args": vars(cfg), "git": git_sha(),
+            "pooling": cfg.eval_pooling, "method": cfg.loss}
 
 
 def header(cfg, device, world=1):
-    """The run's first line: the code, the device, the flags."""
     flags = {**vars(cfg), "data_dir": data.data_dir_from(cfg.data_dir)[0].resolve()}
     name = cli.model_name(cfg.model)
     flags["model"] = name if name == str(cfg.model) else f"{name} ({cfg.model})"
@@ -504,7 +466,6 @@ def header(cfg, device, world=1):
 
 
 def check_config(cfg):
-    """Bad paths refused before any work starts."""
     try:
         cfg.eval_only or checkpoint.check_checkpoint_path(cfg.out, write=True)
         cfg.json and checkpoint.check_output(cfg.json, ".json")
@@ -532,8 +493,7 @@ def main(argv=None):
     return train(build_run(cfg, *read_setup(cfg), device, rank, world))
 
 
-def train(run):
-    """The loop, the final report and the exit code (the lab's methods' too)."""
+def train(run):  # the lab's methods' runs too
     with contextlib.ExitStack() as held:
         held.enter_context(runtime.bf16_products(run.cfg.precision, run.device.type))
         keeper = None

@@ -348,7 +348,7 @@ def check_args(args):
     outputs = [("--plot", args.plot, ".png"), ("--pairs-plot", args.pairs_plot, ".png"),
                ("--json", args.json, ".json"), ("--pairs-out", args.pairs_out, ".tsv"),
                ("--cosines-out", args.cosines_out, ".npz")]
-    reads = [("--pairs file", p) for p in args.pairs or []] + evaluate.inputs(args)
+    reads = [("--pairs file", p) for p in args.pairs or []]  # and the model's files
     evaluate.check_args(args, outputs, reads)  # and --batch-size
     if args.pairs_plot and not args.ckpt:
         die("--pairs-plot compares a trained --ckpt with its base model: give --ckpt")

@@ -32,7 +32,7 @@ import cli
 import evaluate
 import runtime
 import train
-from cli import die, git_sha
+from cli import die
 from lab import augment, cpu, methods, posthoc
 from lab import evaluate as lab_evaluate
 
@@ -283,8 +283,7 @@ def fit_posthoc(cfg, device):
         dev = evaluate.stsb_spearman(vectors, data_dir, "dev")
         if not math.isfinite(dev):  # a NaN score never replaces a good file
             die(f"STS-B dev Spearman of the fitted {cfg.loss} is {dev} (constant sentence vectors?); {kept}")
-        meta = {"tokenizer": tokenizer.to_str(), **train.base_meta(cfg.model), "args": vars(cfg), "git": git_sha(),
-                "pooling": cfg.eval_pooling, "method": cfg.loss, "config": model.config.to_dict(), "transform": info,
+        meta = {**train.run_meta(cfg, tokenizer), "config": model.config.to_dict(), "transform": info,
                 "best": {"step": stats["steps"], "dev": dev}}
         try:
             checkpoint.save_checkpoint(cfg.out, {**model.tensors(), **{checkpoint.TRANSFORM_PREFIX + k: v.detach().cpu()

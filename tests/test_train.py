@@ -729,9 +729,9 @@ def test_non_finite_weights_are_never_kept(world, monkeypatch, capsys):
 BF16_UNITS = 8  # the tolerance of a bf16 step's loss, in bf16's unit roundoff 2^-8 of the fp32 loss (see below)
 
 
-def step_losses(world, precision, seed, loss="opt", steps=3, spy=None):
-    """train.py's own train_step, `steps` times on one fixed batch of 8 sentences, dropout off (no draws: the two
-    precisions see the same computation): the losses. spy(run) may wrap the run's method before the steps."""
+def step_losses(world, precision, seed, loss="opt", steps=3):
+    """The run's own step (opt: train.py's train_step), `steps` times on one fixed batch of 8 sentences, dropout off
+    (no draws: the two precisions see the same computation): the losses."""
     sents = world["sents"].read_text().splitlines()[:8]
     argv = ["--model", str(world["model"]), "--loss", loss, "--batch-size", "8", "--max-steps", "10", "--lr", "1e-3",
             "--dropout", "off", "--device", "cpu", "--precision", precision, "--seed", str(seed), *small_head(["--loss", loss])]
@@ -739,9 +739,7 @@ def step_losses(world, precision, seed, loss="opt", steps=3, spy=None):
     cfg = methods.resolve_config(lab_train.get_args(argv))
     r = lab_train.build_run(cfg, bert.Bert.from_pretrained(world["model"]), bert.load_tokenizer(world["model"]), sents,
                          None, torch.device("cpu"))
-    spy and spy(r)
-    x = lab_train.inputs(r, sents, None)
-    return [lab_train.train_step(r, 5 + k, *x)[0].item() for k in range(steps)]  # past the warm-up: the weights move
+    return [r.step(5 + k, sents, None)[0].item() for k in range(steps)]  # past the warm-up: the weights move
 
 
 @pytest.mark.parametrize("loss", ["opt", "simcse"])
@@ -759,23 +757,22 @@ def test_a_bf16_step_gives_the_fp32_loss_within_bf16_rounding(world, loss):
             assert abs(b - a) <= BF16_UNITS * 2 ** -8 * abs(a), f"seed {seed}, step {step}: fp32 {a}, bf16 {b}"
 
 
-def test_bf16_leaves_the_similarity_loss_and_regulariser_in_fp32(world):
-    """The sides autocast the encoders and the head; what they hand on is fp32, and the loss and the regulariser run
+def test_bf16_leaves_the_similarity_loss_and_regulariser_in_fp32(world, monkeypatch):
+    """train_step autocasts the encoders and the head; what they hand on is fp32, and the loss and the regulariser run
     outside autocast (on a CPU as on CUDA)."""
     seen = []
+    sg_opt, reg_grad = sg_loss.sg_opt, sg_loss.add_weight_distance_grad_
 
-    def spy(r):
-        m = r.method
+    def loss(z1, z2, *a, **kw):
+        seen.append(("loss", z1.dtype, z2.dtype, torch.is_autocast_enabled("cpu")))
+        return sg_opt(z1, z2, *a, **kw)
 
-        def loss(z1, z2, *a, **kw):
-            seen.append(("loss", z1.dtype, z2.dtype, torch.is_autocast_enabled("cpu")))
-            return m.loss(z1, z2, *a, **kw)
-
-        def regulariser(*a):
-            seen.append(("reg", torch.is_autocast_enabled("cpu")))
-            return m.regulariser(*a)
-        r.method = dataclasses.replace(m, loss=loss, regulariser=regulariser)
-    step_losses(world, "bf16", 0, steps=1, spy=spy)
+    def regulariser(*a):
+        seen.append(("reg", torch.is_autocast_enabled("cpu")))
+        return reg_grad(*a)
+    monkeypatch.setattr(sg_loss, "sg_opt", loss)
+    monkeypatch.setattr(sg_loss, "add_weight_distance_grad_", regulariser)
+    step_losses(world, "bf16", 0, steps=1)
     assert seen == [("loss", torch.float32, torch.float32, False), ("reg", False)]
 
 
@@ -865,7 +862,7 @@ def test_the_labs_augmentations_reach_the_cores_passes(world, aug):
     r = lab_train.build_run(cfg, bert.Bert.from_pretrained(world["model"]), bert.load_tokenizer(world["model"], 32),
                             sents, None, torch.device("cpu"))
     assert isinstance(r, lab_train.AugmentedRun)
-    x, _ = train.inputs(r, sents[:4], None)
+    x = train.batch(r, r.tokenizer, sents[:4])
     r.bert_F.eval()
     with lab_train.augmenting(r.bert_F, r.aug2, torch.Generator().manual_seed(5)):
         got = r.bert_F(*x)
