@@ -78,8 +78,11 @@ def local_path(name_or_path):
 
 
 def file_sha256(path):
+    h = hashlib.sha256()
     with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
+        while chunk := f.read(1 << 20):  # hashlib.file_digest needs Python 3.11
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def resolve(name_or_path):

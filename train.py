@@ -366,8 +366,10 @@ def final_report(cfg, vectors, data_dir, best, device):
 
 
 def write_result(path, result):  # --json; None: no checkpoint, no result
+    if not path or result is None:
+        return
     try:
-        path and result is not None and checkpoint.write_json(path, result)
+        checkpoint.write_json(path, result)
     except OSError as e:
         die(f"cannot write --json {path} ({e.strerror or e}); the checkpoint and the report above "
             "are complete", code=1)
