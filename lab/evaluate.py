@@ -33,6 +33,7 @@ import bert
 import checkpoint
 import cli
 import evaluate
+import outputs
 from cli import die
 from data import TASKS, TRANSFER, DataError, load_stsb, load_task, resolve_data_dir
 from lab import cpu, posthoc, prompt, transfer, wk
@@ -169,7 +170,7 @@ def plot_pairs(panels, path):
         ax.set(title=title, xticks=[], yticks=[])
         ax.legend(loc="best", fontsize=8)
     fig.tight_layout()
-    checkpoint.atomic_write(path, lambda f: fig.savefig(f, format="png"))
+    outputs.atomic_write(path, lambda f: fig.savefig(f, format="png"))
 
 
 def pairs_plot(args, model, tokenizer, meta, data_dir):
@@ -345,11 +346,11 @@ def check_args(args):
         which = "--layerwise" if args.layerwise else "--pairs-plot"
         die(f"--cosines-out writes the STS tasks' cosines, which {which} does not score: run "
             "them as two commands")
-    outputs = [("--plot", args.plot, ".png"), ("--pairs-plot", args.pairs_plot, ".png"),
-               ("--json", args.json, ".json"), ("--pairs-out", args.pairs_out, ".tsv"),
-               ("--cosines-out", args.cosines_out, ".npz")]
+    writes = [("--plot", args.plot, ".png"), ("--pairs-plot", args.pairs_plot, ".png"),
+              ("--json", args.json, ".json"), ("--pairs-out", args.pairs_out, ".tsv"),
+              ("--cosines-out", args.cosines_out, ".npz")]
     reads = [("--pairs file", p) for p in args.pairs or []]  # and the model's files
-    evaluate.check_args(args, outputs, reads)  # and --batch-size
+    evaluate.check_args(args, writes, reads)  # and --batch-size
     if args.pairs_plot and not args.ckpt:
         die("--pairs-plot compares a trained --ckpt with its base model: give --ckpt")
     if args.plot or args.pairs_plot:
@@ -444,7 +445,7 @@ def plot_layerwise(table, path, title):
     ax.legend()
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    checkpoint.atomic_write(path, lambda f: fig.savefig(f, format="png"))
+    outputs.atomic_write(path, lambda f: fig.savefig(f, format="png"))
 
 
 def write_pairs(path, rows):
@@ -456,7 +457,7 @@ def write_pairs(path, rows):
     w = csv.writer(buf, delimiter="\t", lineterminator="\n")
     w.writerow(PAIR_COLUMNS)
     w.writerows([r[c] for c in PAIR_COLUMNS] for r in rows)
-    checkpoint.write_text(path, buf.getvalue())
+    outputs.write_text(path, buf.getvalue())
 
 
 def write_cosines(path, cosines):
@@ -465,7 +466,7 @@ def write_cosines(path, cosines):
     hundredths) and move its Spearman."""
     arrays = {f"{t}.{k}": np.asarray(x, np.float32) for t, pair in cosines.items()
               for k, x in zip(("cosine", "gold"), pair)}
-    checkpoint.atomic_write(path, lambda f: np.savez_compressed(f, **arrays))
+    outputs.atomic_write(path, lambda f: np.savez_compressed(f, **arrays))
 
 
 def report(args, results, device):
@@ -531,7 +532,7 @@ def main(argv=None):
         evaluate.save(args.cosines_out, lambda path: write_cosines(path, cosines),
                       f"{sum(len(c) for c, _ in cosines.values())} STS test pairs' cosines")
     if args.json:
-        evaluate.save(args.json, lambda path: checkpoint.write_json(path, results), "results")
+        evaluate.save(args.json, lambda path: outputs.write_json(path, results), "results")
     return results
 
 

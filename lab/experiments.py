@@ -11,7 +11,7 @@ appears, atomically, only when the run has finished, and only such a record coun
 killed sweep loses at most the run in flight. A record that is not valid JSON of a run's shape, or that a sweep finds to
 be another run's (other flags or seed, other base weights, another text in its --data file: the table was edited, the
 model replaced, the file rewritten), is named with what to do and left out of the tables, never run over. A run in
-flight holds .seed-<s>.json.lock beside its record (checkpoint.output_lock: an flock, so the lock of a dead owner is
+flight holds .seed-<s>.json.lock beside its record (outputs.output_lock: an flock, so the lock of a dead owner is
 taken over), so sweeps of one experiment on one --out share its runs: each run is run once, and a sweep waits for the
 runs that another live sweep holds before it reports (give such sweeps the same --seeds: the leaderboard's transfer step
 goes to a sweep's first seed, so `--seeds 2 3` would give it to seed 2). A run whose command equals a finished run of
@@ -42,7 +42,8 @@ from pathlib import Path
 
 import data
 from lab import eval_data, sweep
-from checkpoint import LoadError, check_output, same_path, temp_path, write_text
+from checkpoint import LoadError
+from outputs import OutputError, check_output, same_path, temp_path, write_text
 from cli import die, seed_value
 from lab.report import CURVE_FOLDERS, report, report_curve, say
 from lab.sweep import TRANSFER_TEXT
@@ -399,7 +400,7 @@ def check_plot(plot):
         die("--plot needs matplotlib: pip install matplotlib (or drop --plot; the tables have the same numbers)")
     try:
         check_output(plot, ".png")  # a .png in a folder we can write to, before the report is made
-    except LoadError as e:
+    except OutputError as e:
         die(f"--plot {e}")
 
 
@@ -437,7 +438,7 @@ def check_curve_outputs(args, out):
     for path, suffix in ((out, ".json"), (md, ".md")):
         try:
             check_output(path, suffix)
-        except LoadError as e:
+        except OutputError as e:
             die(f"{what}: {e}" if path == out else f"{what}: the .md beside it, {str(e).split(';')[0]}; choose "
                 "another name or move it away")
     read = [p for d in args.name for p in (Path(d) / "pretrain" / "pretrain.json",
@@ -456,7 +457,7 @@ def curve(args, extra):
              if not v.evaluate_only and v.seeded}
     try:
         models = report_curve(exp, args.name, seeds, out, args.plot)
-    except LoadError as e:
+    except (LoadError, OutputError) as e:
         die(e)
     except OSError as e:  # e.g. a full disk: the pair is left as it was (lab/files.py write_pair)
         die(f"cannot write {e.filename or out} ({e.strerror or e}); the table above is complete: free some space and "

@@ -6,7 +6,7 @@ Export: one folder that is a Hugging Face BertModel checkpoint and a sentence-tr
 Floor 3: every weight, config and tokenizer goes through bert.py, checked on the way in, and every file through
 checkpoint.py. The folder is built beside
 OUT_DIR under a temporary name, read back, then swapped in, so OUT_DIR is at every instant the old folder or the new
-one; one export per OUT_DIR at a time (checkpoint.output_lock).
+one; one export per OUT_DIR at a time (outputs.output_lock).
 """
 import argparse
 import json
@@ -21,6 +21,7 @@ if __name__ == "__main__":
     cli.exit_on_ctrl_c("export.py")
 
 import checkpoint  # no torch: --help answers before torch loads
+import outputs
 from lab import files
 from checkpoint import LoadError
 from cli import die
@@ -50,16 +51,16 @@ from bert import Bert
 def export(src, out_dir, force=False):
     """Write a checkpoint (or a model folder / name) to out_dir: config.json + model.safetensors + tokenizer files
     for transformers, modules.json + CLS Pooling for sentence-transformers, and a README.md. An existing non-empty
-    out_dir is replaced only with force. Holds checkpoint.output_lock(out_dir) throughout; returns out_dir as a Path."""
+    out_dir is replaced only with force. Holds outputs.output_lock(out_dir) throughout; returns out_dir as a Path."""
     # no '.' or '..' as a folder name (the temp names are built from it); a symlinked OUT_DIR: its target folder is
     # replaced, the link stays a link (a swap of the link itself would leave the old folder behind under a temp name)
     out = Path(os.path.realpath(out_dir))
     source = checkpoint.local_path(src)  # as checkpoint.resolve finds it
-    if any(checkpoint.same_path(out, p) for p in (source, *Path(os.path.realpath(source)).parents)):
+    if any(outputs.same_path(out, p) for p in (source, *Path(os.path.realpath(source)).parents)):
         raise LoadError(f"OUT_DIR {out_dir} is {src} or a folder holding it: replacing it would delete what it "
                         "exports (a model folder's pretrain.json, its MLM head); give another OUT_DIR")
     out.parent.mkdir(parents=True, exist_ok=True)
-    with checkpoint.output_lock(out):
+    with outputs.output_lock(out):
         files.clean_leftovers(out)  # what an export killed mid-way left here (and the old folder, if it was set aside)
         if out.exists() and not out.is_dir():
             raise FileExistsError(f"{out} exists and is not a folder; choose another OUT_DIR")
@@ -75,7 +76,7 @@ def export(src, out_dir, force=False):
         model, tok = Bert.from_checkpoint(ck), bert.tokenizer_of(ck)
         contents = folder_files(path, out.name, model, tok, meta, ck.tensors)
         del ck  # its tensors: the model holds its own copy
-        tmp = checkpoint.temp_path(out)
+        tmp = outputs.temp_path(out)
         try:
             tmp.mkdir(mode=0o755)
             for name, content in contents.items():
@@ -192,7 +193,7 @@ def replace_dir(new, out):
     elif exchange(new, out):
         shutil.rmtree(new, ignore_errors=True)  # new now holds the old folder
     else:
-        old = checkpoint.temp_path(out, "old")
+        old = outputs.temp_path(out, "old")
         try:
             os.rename(out, old)
             os.rename(new, out)
@@ -281,7 +282,7 @@ def main(argv=None):
     a = get_args(argv)
     try:
         out = export(a.src, a.out_dir, force=a.force)
-    except (LoadError, OSError) as err:  # user-facing: one line, no traceback
+    except (LoadError, outputs.OutputError, OSError) as err:  # user-facing: one line, no traceback
         die(err)
     print(f"exported {a.src} to {out}/ (transformers BertModel + sentence-transformers; see its README for the pooling)")
 

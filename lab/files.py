@@ -8,7 +8,7 @@ import shutil
 import sys
 from pathlib import Path
 
-import checkpoint
+import outputs
 
 
 def write_pair(path, text, record_path, record):
@@ -18,8 +18,8 @@ def write_pair(path, text, record_path, record):
     text without a record, never another text's record (readers check its sha256)."""
     paths, tmps = [Path(os.path.realpath(p)) for p in (path, record_path)], []
     try:
-        for p, data in zip(paths, (text.encode("utf-8"), checkpoint.json_text(record).encode("utf-8"))):
-            tmps.append(checkpoint.staged(p, lambda f: f.write(data)))
+        for p, data in zip(paths, (text.encode("utf-8"), outputs.json_text(record).encode("utf-8"))):
+            tmps.append(outputs.staged(p, lambda f: f.write(data)))
         if os.path.lexists(paths[1]):
             os.remove(paths[1])
         for tmp, p in zip(tmps, paths):
@@ -31,12 +31,12 @@ def write_pair(path, text, record_path, record):
 
 
 def clean_leftovers(path):
-    """checkpoint.clean_leftovers, and a folder .NAME.PID.old (an export's or a pretraining's old path) put back if
+    """outputs.clean_leftovers, and a folder .NAME.PID.old (an export's or a pretraining's old path) put back if
     path is gone, else removed."""
-    for p in checkpoint.leftovers(path, "old"):
+    for p in outputs.leftovers(path, "old"):
         if not os.path.lexists(path):
             os.rename(p, path)
             print(f"note: put {path} back from {p.name}, where an interrupted export had left it", file=sys.stderr)
         elif p.is_dir() and not p.is_symlink():
             shutil.rmtree(p, ignore_errors=True)
-    checkpoint.clean_leftovers(path)
+    outputs.clean_leftovers(path)

@@ -62,6 +62,7 @@ from typing import NamedTuple
 
 import checkpoint
 import data
+import outputs
 from lab import cpu, eval_data, files
 from checkpoint import LoadError
 from cli import at_least, die, git_sha, seed_value
@@ -156,12 +157,12 @@ def check_args(args):
         die("--sample N and --sample-out FILE go together")
     if args.sample_out:
         try:
-            checkpoint.check_output(args.sample_out, ".txt")
-        except LoadError as e:
+            outputs.check_output(args.sample_out, ".txt")
+        except outputs.OutputError as e:
             die(f"--sample-out {e}")
         for flag, path in (("--text", args.text), ("--add-text", args.add_text)):
             for f in ([path, path + ".json"] if path else []):
-                if checkpoint.same_path(args.sample_out, f):
+                if outputs.same_path(args.sample_out, f):
                     die(f"--sample-out {args.sample_out} is {f}, an input of this run ({flag}): writing the sample "
                         "there would replace it; choose another file")
     if args.text and args.add_text:
@@ -631,7 +632,7 @@ def save_state(path, model, head, optimizer, state):
     """The resume state (model, head, optimizer, step, log), atomically."""
     blob = {"model": model.state_dict(), "head": head.state_dict(), "optimizer": optimizer.state_dict(), **state}
     try:
-        checkpoint.atomic_write(path, lambda f: torch.save(blob, f))
+        outputs.atomic_write(path, lambda f: torch.save(blob, f))
     except (OSError, RuntimeError) as e:  # a full disk: torch.save says "unexpected pos", os says ENOSPC
         kept = f"the state of an earlier step is kept in {path}" if path.exists() else "no resume state is kept"
         die(f"cannot write the resume state {path} at step {state['step']} ({str(e)[:100]}); {kept}: free some "
@@ -682,19 +683,19 @@ def write_folder(dest, model, head, tokenizer, record, replace=False):
            "architectures": ["BertForMaskedLM"], "model_type": "bert", "initializer_range": 0.02}
     tensors = {"bert." + k: v.detach().cpu().float() for k, v in model.state_dict().items()}
     tensors.update({"cls.predictions." + k: v.detach().cpu().float() for k, v in head.state_dict().items()})
-    tmp = checkpoint.temp_path(dest)
+    tmp = outputs.temp_path(dest)
     files.clean_leftovers(dest)
     try:
         tmp.mkdir()
-        checkpoint.atomic_write(tmp / "model.safetensors",
+        outputs.atomic_write(tmp / "model.safetensors",
                                 lambda f: checkpoint.write_safetensors(f, tensors, {"format": "pt"}))
-        checkpoint.write_text(tmp / "config.json", json.dumps(cfg, indent=2, sort_keys=True) + "\n")
-        checkpoint.write_text(tmp / "tokenizer.json", tokenizer.to_str())
+        outputs.write_text(tmp / "config.json", json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+        outputs.write_text(tmp / "tokenizer.json", tokenizer.to_str())
         vocab = sorted(tokenizer.get_vocab(with_added_tokens=True).items(), key=lambda kv: kv[1])
-        checkpoint.write_text(tmp / "vocab.txt", "".join(w + "\n" for w, _ in vocab))
+        outputs.write_text(tmp / "vocab.txt", "".join(w + "\n" for w, _ in vocab))
         record["sha256"] = {f: checkpoint.file_sha256(tmp / f) for f in ("model.safetensors", "tokenizer.json")}
-        checkpoint.write_json(tmp / "pretrain.json", record)
-        old = checkpoint.temp_path(dest, "old")
+        outputs.write_json(tmp / "pretrain.json", record)
+        old = outputs.temp_path(dest, "old")
         if os.path.lexists(dest):
             if not replace:
                 raise FileExistsError(f"{dest} exists")
@@ -763,7 +764,7 @@ def write_sample(args):
     pick = sorted(torch.randperm(len(train), generator=torch.Generator().manual_seed(args.seed))[:args.sample].tolist())
     text = "".join(train[i] + "\n" for i in pick)
     try:
-        checkpoint.write_text(args.sample_out, text)
+        outputs.write_text(args.sample_out, text)
     except OSError as e:
         die(f"cannot write {args.sample_out} ({e.strerror or e})", code=1)
     print(f"{args.sample} of {len(train):,} training sentences (seed {args.seed}) written to {args.sample_out} | sha256 "
@@ -836,8 +837,8 @@ def main(argv=None):
     args.device = cli.device(args.device)
     torch.set_num_threads(args.threads)
     dest = checkpoint.WEIGHTS / args.name
-    outputs = [dest, *(intermediate(args, step) for step in args.keep_at)]
-    for path in outputs:  # what killed runs left of them: temp folders (a kill runs no clean-up of its own)
+    written = [dest, *(intermediate(args, step) for step in args.keep_at)]
+    for path in written:  # what killed runs left of them: temp folders (a kill runs no clean-up of its own)
         files.clean_leftovers(path)
     if dest.is_symlink() or (dest.exists() and not dest.is_dir()):
         die(f"{dest} is a {'symbolic link' if dest.is_symlink() else 'file'}, not a model folder: pretrain.py writes "
@@ -850,10 +851,10 @@ def main(argv=None):
         die(f"cannot create the weights folder {checkpoint.WEIGHTS} ({e.strerror}); set SG_WEIGHTS to a writable folder")
     try:
         with contextlib.ExitStack() as locks:  # every folder this run writes (its state with NAME's): NAME-stepN is
-            for path in outputs:  # the NAME of another run, which must not write it at the same time
-                locks.enter_context(checkpoint.output_lock(path.with_name(f"{path.name}.pretrain")))
+            for path in written:  # the NAME of another run, which must not write it at the same time
+                locks.enter_context(outputs.output_lock(path.with_name(f"{path.name}.pretrain")))
             return pretrain(args, dest)
-    except LoadError as e:  # OutputLocked included: the lock is another run's, or cannot be made
+    except outputs.OutputError as e:  # OutputLocked included: the lock is another run's, or cannot be made
         die(e)
     except KeyboardInterrupt:
         print(f"pretrain.py: interrupted; {kept_state(args)}", file=sys.stderr)

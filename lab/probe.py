@@ -43,6 +43,7 @@ import torch
 import bert
 import checkpoint
 import evaluate
+import outputs
 from checkpoint import LoadError
 from data import DataError, load_stsb, resolve_data_dir
 
@@ -81,16 +82,16 @@ def check_json(path, model):
     """--json before any work: a .json file name in a folder we can write to, and neither one of the model's files
     nor a file inside its folder (the record over its config.json would leave a model that no longer loads)."""
     try:
-        checkpoint.check_output(path, ".json")
-    except LoadError as e:
+        outputs.check_output(path, ".json")
+    except outputs.OutputError as e:
         cli.die(f"--json {e}")
     source = checkpoint.local_path(model)  # as checkpoint.resolve finds it
     try:
         files = [*source.iterdir()] if source.is_dir() else []  # by inode too: a hard link to its config.json
     except OSError:
         files = []  # an unreadable folder: loading the model names it
-    if any(checkpoint.same_path(path, f) for f in (source, *files)) or any(
-            checkpoint.same_path(source, d) for d in Path(os.path.realpath(path)).parents):
+    if any(outputs.same_path(path, f) for f in (source, *files)) or any(
+            outputs.same_path(source, d) for d in Path(os.path.realpath(path)).parents):
         cli.die(f"--json {path} is one of the files of the model {model} or inside its folder: writing it would "
                 "replace what the model is made of; give another file")
 
@@ -124,7 +125,7 @@ def main(argv=None):
                   "dropout": p, "draws": args.draws, "seed": args.seed, "sentences": len(set(s1 + s2)),
                   "git": cli.git_sha(), "command": "python -m lab.probe " + " ".join(sys.argv[1:]), **result}
         try:
-            checkpoint.write_json(args.json, record)
+            outputs.write_json(args.json, record)
         except OSError as e:
             cli.die(f"cannot write {args.json} ({e.strerror or e})", code=1)
     return result

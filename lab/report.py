@@ -23,7 +23,8 @@ from pathlib import Path
 import numpy as np
 
 import data
-from checkpoint import LoadError, atomic_write, display_name, file_sha256, write_json, write_text
+from checkpoint import LoadError, display_name, file_sha256
+from outputs import atomic_write, write_json, write_text
 from data import SHORT, TASKS
 from lab.files import write_pair
 

@@ -33,6 +33,7 @@ from pathlib import Path
 
 import checkpoint
 import cli
+import outputs
 from cli import die
 from lab import cpu
 
@@ -160,12 +161,12 @@ def add(args):
         die(e)
     if dest.exists() and not args.overwrite:
         die(f"models/{args.name}/ exists: pass --overwrite to replace it")
-    tmp = checkpoint.temp_path(dest)
+    tmp = outputs.temp_path(dest)
     try:
         tmp.mkdir(parents=True)
         for f in FILES:
             shutil.copyfile(src / f, tmp / f)
-        checkpoint.write_text(tmp / "README.md", card(args.name, rec, records_of(sha)))
+        outputs.write_text(tmp / "README.md", card(args.name, rec, records_of(sha)))
         put_in_place(tmp, dest)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -181,7 +182,7 @@ def put_in_place(tmp, dest):
     """The folder tmp renamed to dest; a folder at dest is set aside first (.NAME.PID.old) and removed after.
     SIGINT, SIGTERM and SIGHUP wait until both renames are done, so that dest is the old folder or the new one at
     any moment a signal acts. A kill -9 between the two: the next add puts the old one back (clean_killed_adds)."""
-    old = checkpoint.temp_path(dest, "old")
+    old = outputs.temp_path(dest, "old")
     try:
         with signals_held():
             if os.path.lexists(dest):
@@ -225,7 +226,7 @@ def clean_killed_adds(dest):
     that is gone: a live add's files are its own. Each said in a line."""
     for p in sorted(dest.parent.glob(f".{glob.escape(dest.name)}.*")):
         pid, _, kind = p.name[len(dest.name) + 2:].partition(".")
-        if kind not in ("tmp", "old") or not pid.isdigit() or checkpoint.pid_alive(int(pid)):
+        if kind not in ("tmp", "old") or not pid.isdigit() or outputs.pid_alive(int(pid)):
             continue
         if kind == "old" and not os.path.lexists(dest):
             p.rename(dest)

@@ -9,10 +9,10 @@ re-run, it skips what is finished. What --help of experiments.py promises, and h
   run's checkpoint (copied_cosines); one that trained the same model takes only its own second step on that run's
   checkpoint (trained_as). What a killed run of it left (its log, its checkpoint) never stays beside such a record.
 - A record appears only when the run has finished: the child writes a hidden .result.json, the sweep writes the
-  record atomically (checkpoint.write_json) from it. Only a valid record of this very run counts (report.read_record,
+  record atomically (outputs.write_json) from it. Only a valid record of this very run counts (report.read_record,
   then its key and the sha256 of its base weights and --data file: other_run); another run's record at its path is
   named, never run over.
-- A run in flight holds an flock beside its record (checkpoint.output_lock), so two sweeps on one --out (two cores,
+- A run in flight holds an flock beside its record (outputs.output_lock), so two sweeps on one --out (two cores,
   two experiments or --variants) run each run once; the kernel drops the flock of a dead sweep, so SIGKILL leaves
   nothing in the way of a resume. A sweep that meets a run another live sweep holds waits on its flock at the end.
 - A child runs in a process group of its own: SIGINT, SIGTERM, SIGHUP stop it with its group (stop_on_signals,
@@ -33,8 +33,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from lab import eval_data
-from checkpoint import (LoadError, OutputLocked, display_name, file_sha256, output_lock, weights_sha256, write_json,
-                        write_text)
+from checkpoint import display_name, file_sha256, weights_sha256
+from outputs import OutputError, OutputLocked, output_lock, write_json, write_text
 from cli import die, model_name
 from lab.report import bad_record_line, get, needs, number, read_record, report, setting
 
@@ -514,7 +514,7 @@ def run_one(run, exp, args, extra, text, tag, t_sweep):
             return copy_or_run(run, exp, args, extra, key, shas, cmd, then, tag, t_sweep)
     except OutputLocked:
         return "held", f"{lock} (pid {owner(lock)})"
-    except LoadError as e:  # the lock path is a folder, or a file we may not open
+    except OutputError as e:  # the lock path is a folder, or a file we may not open
         return "badlock", f"warning: {e}; if no sweep is running on {args.out}, remove {lock} and re-run"
 
 
@@ -564,7 +564,7 @@ def copy_or_run(run, exp, args, extra, key, shas, cmd, then, tag, t_sweep):
 
 
 def lock_of(record):
-    return record.with_name(f".{record.name}.lock")  # checkpoint.output_lock's name for it
+    return record.with_name(f".{record.name}.lock")  # outputs.output_lock's name for it
 
 
 def owner(lock):

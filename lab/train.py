@@ -30,6 +30,7 @@ import bert
 import checkpoint
 import cli
 import evaluate
+import outputs
 import runtime
 import train
 from cli import die
@@ -264,8 +265,8 @@ def fit_posthoc(cfg, device):
             "sentences; give a smaller --batch-size")
     with contextlib.ExitStack() as held:
         try:
-            held.enter_context(checkpoint.output_lock(cfg.out))  # one run per --out: a second one refuses in one line
-        except checkpoint.OutputLocked as e:
+            held.enter_context(outputs.output_lock(cfg.out))  # one run per --out: a second one refuses in one line
+        except outputs.OutputLocked as e:
             die(e)
         t0 = time.time()
         dropout = cfg.loss == "flow" and cfg.dropout == "on"

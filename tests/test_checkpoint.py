@@ -17,6 +17,7 @@ from safetensors.torch import load_file
 import bert
 import wordpiece
 import checkpoint
+import outputs
 from lab import files, posthoc
 from bert import Bert, BertConfig, LoadError, load_tokenizer
 from conftest import save_model, tiny_model_folder
@@ -195,15 +196,15 @@ def test_check_checkpoint_path(tmp_path):
 def test_a_folder_that_refuses_new_files_is_found_before_any_work(tmp_path, monkeypatch):
     """access() says yes to root, and on file systems that refuse new files anyway (/proc, a read-only bind mount
     seen as root): the output checks try to make a file, and leave nothing behind when they can."""
-    assert checkpoint.check_output(tmp_path / "r.json", ".json") == tmp_path / "r.json"
+    assert outputs.check_output(tmp_path / "r.json", ".json") == tmp_path / "r.json"
     assert checkpoint.check_checkpoint_path(tmp_path / "sg.safetensors", write=True)
     assert not list(tmp_path.iterdir())
 
     def refuse(*a, **k):
         raise OSError(30, "Read-only file system")
-    monkeypatch.setattr(checkpoint.tempfile, "mkstemp", refuse)
-    with pytest.raises(LoadError, match=r"r.json is in a folder we cannot write to \(.*: Read-only file system\)$"):
-        checkpoint.check_output(tmp_path / "r.json", ".json")
+    monkeypatch.setattr(outputs.tempfile, "mkstemp", refuse)
+    with pytest.raises(outputs.OutputError, match=r"r.json is in a folder we cannot write to \(.*: Read-only file system\)$"):
+        outputs.check_output(tmp_path / "r.json", ".json")
     with pytest.raises(LoadError, match=r"'.*sg.safetensors' is in a folder we cannot write to \(.*: Read-only file"):
         checkpoint.check_checkpoint_path(tmp_path / "sg.safetensors", write=True)
 
@@ -215,27 +216,27 @@ def test_a_folder_that_refuses_new_files_is_found_before_any_work(tmp_path, monk
 def test_output_lock_one_process_per_output(tmp_path):
     out = tmp_path / "sg.safetensors"
     lock = tmp_path / ".sg.safetensors.lock"
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time, checkpoint\nwith checkpoint.output_lock(sys.argv[1]):\n"
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time, outputs\nwith outputs.output_lock(sys.argv[1]):\n"
                                "    print('locked', flush=True)\n    time.sleep(60)", str(out)],
                               cwd=ROOT, stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "locked"
         busy = f"^{out} is being written by another process \\(pid {holder.pid}\\); wait for it"
-        with pytest.raises(checkpoint.OutputLocked, match=busy):
-            with checkpoint.output_lock(out):
+        with pytest.raises(outputs.OutputLocked, match=busy):
+            with outputs.output_lock(out):
                 pass
     finally:
         holder.kill()  # kill -9: no clean-up of its own, its lock file stays
         holder.wait()
     assert lock.read_text().strip() == str(holder.pid)
-    with checkpoint.output_lock(out):  # the dead process's lock is taken over
+    with outputs.output_lock(out):  # the dead process's lock is taken over
         assert lock.read_text() == f"{os.getpid()}\n"
-        with pytest.raises(checkpoint.OutputLocked, match=f"pid {os.getpid()}"):  # not re-entrant, even in one process
-            with checkpoint.output_lock(out):
+        with pytest.raises(outputs.OutputLocked, match=f"pid {os.getpid()}"):  # not re-entrant, even in one process
+            with outputs.output_lock(out):
                 pass
     assert not lock.exists()
     lock.write_text("garbage")  # a lock file nobody holds, whatever it says
-    with checkpoint.output_lock(out):
+    with outputs.output_lock(out):
         pass
     assert not lock.exists()
 
@@ -256,11 +257,11 @@ def test_a_ctrl_c_while_the_lock_is_taken_leaves_no_lock_file(tmp_path, monkeypa
         return real(*a)
     monkeypatch.setattr(owner, name, interrupted)
     with pytest.raises(KeyboardInterrupt):
-        with checkpoint.output_lock(out):
+        with outputs.output_lock(out):
             pytest.fail("the lock was handed out")
     monkeypatch.undo()
     assert calls and not lock.exists(), f"Ctrl-C in {name}: {lock.name} was left behind"
-    with checkpoint.output_lock(out):
+    with outputs.output_lock(out):
         assert lock.read_text() == f"{os.getpid()}\n"
     assert not lock.exists()
 

@@ -23,6 +23,7 @@ import checkpoint
 import cli
 import data
 import evaluate
+import outputs
 from data import STSB_FILE, DataError
 from lab import cpu
 from lab import evaluate as lab_evaluate
@@ -205,7 +206,7 @@ def test_a_json_that_cannot_be_written_after_the_evaluation_is_one_line_with_exi
                                                                                      capsys, monkeypatch):
     def full(*a):
         raise OSError(28, "No space left on device")
-    monkeypatch.setattr(checkpoint, "write_json", full)
+    monkeypatch.setattr(outputs, "write_json", full)
     with pytest.raises(SystemExit) as e:
         evaluate.main(["--model", str(tiny_model), "--data-dir", str(tiny_data[0]), "--json", str(tmp_path / "r.json"),
                        "--tasks", "STS13"])

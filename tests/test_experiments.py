@@ -23,6 +23,7 @@ import pytest
 
 import checkpoint
 import data
+import outputs
 from lab import experiments
 from lab import report
 from lab import sweep
@@ -427,7 +428,7 @@ def test_a_run_held_by_a_live_process_is_left_with_no_wait_and_waited_for_withou
     use(monkeypatch, Variant("a"))
     record_path = fake.out / "t/a/seed-1.json"
     record_path.parent.mkdir(parents=True)
-    with checkpoint.output_lock(record_path):  # another sweep's run in flight (here: this process)
+    with outputs.output_lock(record_path):  # another sweep's run in flight (here: this process)
         with pytest.raises(SystemExit) as e:
             experiments.main(["t", *fake.argv, "--no-wait"])
     last = capsys.readouterr().out.strip().splitlines()[-1]
@@ -436,7 +437,7 @@ def test_a_run_held_by_a_live_process_is_left_with_no_wait_and_waited_for_withou
                    f"(pid {os.getpid()}))"
 
     def other_sweep(finish):  # holds the run a moment, then finishes it (or dies without a record)
-        with checkpoint.output_lock(record_path):
+        with outputs.output_lock(record_path):
             held.set()
             time.sleep(0.3)
             if finish:

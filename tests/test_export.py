@@ -16,6 +16,7 @@ import torch
 import bert
 import wordpiece
 import checkpoint
+import outputs
 import cli as cli_py
 from lab import export as export_py
 from bert import Bert, BertConfig, batch_tensors, encode, load_tokenizer
@@ -207,7 +208,7 @@ def replaced(tiny_ckpt, tmp_path):
 
 def test_second_export_to_one_folder_refuses(replaced, tmp_path):
     out, before, other = replaced
-    with checkpoint.output_lock(out):  # an export (or train.py) of this process is writing out
+    with outputs.output_lock(out):  # an export (or train.py) of this process is writing out
         r = cli(other, out, "--force")
     assert r.returncode == 2 and "Traceback" not in r.stderr and len(r.stderr.strip().split("\n")) == 1
     assert r.stderr.startswith(f"error: {out} is being written by another process (pid {os.getpid()}); wait for it")

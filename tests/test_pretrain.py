@@ -11,6 +11,7 @@ import torch
 
 import bert
 import checkpoint
+import outputs
 from lab import pretrain
 
 SMALL = ["--layers", "2", "--hidden", "32", "--heads", "2", "--batch-size", "8", "--threads", "1", "--log-every", "2"]
@@ -590,7 +591,7 @@ def test_a_folder_that_appears_during_the_run_is_never_replaced(minilm_path, tex
 def test_a_run_locks_its_intermediate_folders_too(minilm_path, text_file, weights, capsys, monkeypatch):
     """NAME-stepN of one run is NAME of another: whichever starts second is refused in one line, before any work."""
     weights.mkdir()
-    with checkpoint.output_lock(weights / "r-step2.pretrain"):  # a run named r-step2 is going on
+    with outputs.output_lock(weights / "r-step2.pretrain"):  # a run named r-step2 is going on
         err = refused(capsys, *args_of("r", text_file, minilm_path, "--steps", "4", "--keep-at", "2"))
     assert "r-step2" in err and "another process" in err
     real, second = pretrain.mlm_logits, []

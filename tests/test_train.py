@@ -15,6 +15,7 @@ import checkpoint
 import cli
 import data
 import evaluate
+import outputs
 from lab import evaluate as lab_evaluate
 from lab import methods
 import sg_loss
@@ -365,7 +366,7 @@ def test_a_malformed_stsb_dev_file_fails_before_any_work(world, capsys, monkeypa
 
 
 def test_a_json_that_cannot_be_written_at_the_end_is_one_line_with_exit_1(world, monkeypatch, capsys):
-    monkeypatch.setattr(checkpoint, "write_json", lambda *a: (_ for _ in ()).throw(OSError(28, "No space left on device")))
+    monkeypatch.setattr(outputs, "write_json", lambda *a: (_ for _ in ()).throw(OSError(28, "No space left on device")))
     with pytest.raises(SystemExit) as e:
         run(world, "--json", str(world["tmp"] / "r.json"))
     err = capsys.readouterr().err
@@ -426,7 +427,7 @@ def test_a_full_disk_ends_in_one_line_that_says_what_was_kept(world, monkeypatch
 
 
 def test_a_second_run_on_the_same_out_refuses(world, capsys):
-    with checkpoint.output_lock(world["out"]):  # as another live run would hold it
+    with outputs.output_lock(world["out"]):  # as another live run would hold it
         with pytest.raises(SystemExit) as e:
             run(world)
     err = capsys.readouterr().err

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import torch
 
-import checkpoint
 import cli
 import data
+import outputs
 from lab import cpu
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository: train.py, results/
@@ -228,4 +228,4 @@ def header(env):
 def save(results, args):
     """--json after every section (and transfer task), atomically: a killed bench keeps what it had finished."""
     if args.json:
-        checkpoint.write_json(args.json, results)
+        outputs.write_json(args.json, results)

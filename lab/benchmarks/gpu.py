@@ -10,8 +10,8 @@ from pathlib import Path
 
 import torch
 
-import checkpoint
 import data
+import outputs
 from lab.benchmarks.common import ROOT, step_setting
 from lab.benchmarks.compile import bench_compile
 from lab.benchmarks.encoder import bench_encoder
@@ -45,7 +45,7 @@ def bench_gpu(results, args):
 
     def keep():
         gpu["seconds"] = time.perf_counter() - t0
-        checkpoint.write_json(dest, gpu)
+        outputs.write_json(dest, gpu)
 
     print(f"  {name} | torch {torch.__version__} | CUDA {torch.version.cuda} | record: {dest}")
     p = subprocess.run([sys.executable, "-m", "pytest", "-q", "tests/test_cuda.py"], cwd=root, capture_output=True,
