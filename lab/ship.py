@@ -298,9 +298,11 @@ def card(name, rec, rows):
         spread = f" +- {statistics.stdev(avgs):.2f}" if len(avgs) > 1 else ""
         where = ", ".join(sorted({str(p.parent.relative_to(ROOT)) for p, _ in runs}))
         seeded = " --seed S" if script == "train.py" and "--loss whitening" not in " ".join(flags) else ""
-        row = " ".join([script, *flags]) if flags else f"{script} (SG-OPT: its defaults)"
+        entry = typed(script, flags)  # the row is named by what a reader runs: train.py, lab.train, ...
+        label = entry.removeprefix("python ").removeprefix("-m ")
+        row = " ".join([label, *flags]) if flags else f"{label} (SG-OPT: its defaults)"
         lines.append(f"| {row} | {len(avgs)} | {statistics.mean(avgs):.2f}{spread} | {where} | "
-                     f"`{' '.join([typed(script, flags), '--model', name, *flags])}{seeded}` |")
+                     f"`{' '.join([entry, '--model', name, *flags])}{seeded}` |")
     return "\n".join(lines) + "\n"
 
 
@@ -329,6 +331,8 @@ def grouped(rows):
     out = {}
     for key, (path, rec) in sorted(rows.items(), key=lambda kv: str(kv[0])):
         flags = list(key[1:])
+        if "then" in flags:  # train, then a transfer evaluation: no one command to print for it
+            continue
         if "--seed" in flags:
             i = flags.index("--seed")
             del flags[i:i + 2]
