@@ -503,7 +503,7 @@ def train(run):  # the lab's methods' runs too
         if run.rank == 0:  # only rank 0 writes --out
             try:
                 held.enter_context(outputs.output_lock(run.cfg.out))  # one run per --out
-            except outputs.OutputLocked as e:
+            except outputs.OutputError as e:  # another run holds it, or no lock file
                 die(e)
             keeper = BestCheckpoint(run)
         stop, stats = train_loop(run, keeper)

@@ -266,7 +266,7 @@ def fit_posthoc(cfg, device):
     with contextlib.ExitStack() as held:
         try:
             held.enter_context(outputs.output_lock(cfg.out))  # one run per --out: a second one refuses in one line
-        except outputs.OutputLocked as e:
+        except outputs.OutputError as e:  # another run holds it, or its lock file cannot be made
             die(e)
         t0 = time.time()
         dropout = cfg.loss == "flow" and cfg.dropout == "on"

@@ -435,6 +435,16 @@ def test_a_second_run_on_the_same_out_refuses(world, capsys):
     assert not world["out"].exists()
 
 
+def test_a_lock_file_that_cannot_be_made_is_one_line(world, capsys):
+    lock = world["out"].with_name(f".{world['out'].name}.lock")
+    lock.mkdir()  # a folder where the lock file goes: open() fails after the output checks passed
+    with pytest.raises(SystemExit) as e:
+        run(world)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and len(err.strip().splitlines()) == 1 and "cannot create the lock file" in err
+    assert not world["out"].exists()
+
+
 @pytest.mark.parametrize("loss, pooling", [("consert", "last2"), ("simcse", "cls")])
 def test_consert_and_simcse_train_and_record_their_pooling(world, loss, pooling, monkeypatch):
     trained, real_finish = {}, train.finish
