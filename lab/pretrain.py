@@ -854,7 +854,7 @@ def main(argv=None):
             for path in written:  # the NAME of another run, which must not write it at the same time
                 locks.enter_context(outputs.output_lock(path.with_name(f"{path.name}.pretrain")))
             return pretrain(args, dest)
-    except outputs.OutputError as e:  # OutputLocked included: the lock is another run's, or cannot be made
+    except (LoadError, outputs.OutputError) as e:  # a file pretrain cannot read; a lock held or not made
         die(e)
     except KeyboardInterrupt:
         print(f"pretrain.py: interrupted; {kept_state(args)}", file=sys.stderr)
