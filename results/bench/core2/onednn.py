@@ -4,14 +4,12 @@
 
 torch's CPU F.linear runs MKL's sgemm. oneDNN's (torch.ops.mkldnn._linear_pointwise) is another kernel with
 another order of the float sums, so its outputs differ in the last bits. Here: the encoder at 16 x 128 with each
-kernel against transformers (alternated, median of 15), the largest difference of the hidden states, and the 7 STS
+kernel against transformers (alternated, median of 15 after 2), the largest difference of the hidden states, and the 7 STS
 tasks' averages of two models with each kernel.
 """
 import contextlib
 import os
-import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
@@ -23,7 +21,7 @@ import data
 import evaluate
 import fast
 from lab import cpu, reference
-from lab.benchmarks.common import minilm_path
+from lab.benchmarks.common import minilm_path, time_alternating
 from lab.benchmarks.encoder import random_batch
 
 print(cpu.cpu_kind(), torch.backends.cpu.get_cpu_capability(), torch.__version__,
@@ -56,16 +54,12 @@ for B, T in [(16, 128), (64, 32)]:
         with onednn():
             b = ours(ids, mask)
         diff = max((x - y).abs().max().item() for x, y in zip(a, b))
-        fns = {"mkl": lambda: ours(ids, mask), "transformers":
+        def with_onednn():
+            with onednn():
+                return ours(ids, mask)
+        fns = {"mkl": lambda: ours(ids, mask), "onednn": with_onednn, "transformers":
                lambda: ref(input_ids=ids, attention_mask=mask, output_hidden_states=True)}
-        times = {k: [] for k in ("mkl", "onednn", "transformers")}
-        for _ in range(17):
-            for k in times:
-                with onednn() if k == "onednn" else contextlib.nullcontext():
-                    t0 = time.perf_counter()
-                    (fns["mkl"] if k == "onednn" else fns[k])()
-                    times[k].append(time.perf_counter() - t0)
-        ms = {k: 1e3 * statistics.median(v[2:]) for k, v in times.items()}
+        ms = {k: 1e3 * s for k, s in time_alternating(fns, 15, 2).items()}
     print(f"encoder {B} x {T}: ms " + ", ".join(f"{k} {v:.1f}" for k, v in ms.items())
           + f"; transformers / ours: mkl x{ms['transformers'] / ms['mkl']:.3f}, onednn "
           f"x{ms['transformers'] / ms['onednn']:.3f}; max |hidden mkl - onednn| {diff:.1e}")

@@ -8,7 +8,6 @@
 """
 import os
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
@@ -18,7 +17,7 @@ from torch.profiler import profile
 
 import bert
 from lab import cpu, reference
-from lab.benchmarks.common import minilm_path
+from lab.benchmarks.common import minilm_path, time_alternating
 from lab.benchmarks.encoder import random_batch
 from lab.benchmarks.step import make_step_run
 
@@ -50,29 +49,17 @@ with torch.inference_mode():
     table(lambda: ref(input_ids=ids, attention_mask=mask, output_hidden_states=True), 5)
 
 
-def ms(f, n=30):
-    for _ in range(3):
-        f()
-    ts = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        f()
-        ts.append(time.perf_counter() - t0)
-    return 1e3 * sorted(ts)[n // 2]
-
-
-print("\n2. fp32 GEMM at the encoder's shapes (2048 tokens), median of 30: GFLOP/s")
+print("\n2. fp32 GEMM at the encoder's shapes (2048 tokens), median of 30 alternating: GFLOP/s")
 torch.manual_seed(0)
 with torch.inference_mode():
     for M, K, N, what in [(2048, 384, 1152, "q, k, v"), (2048, 384, 1536, "ffn in"),
                           (2048, 1536, 384, "ffn out"), (2048, 384, 384, "attn out")]:
         x, w, b = torch.randn(M, K), torch.randn(N, K), torch.randn(N)
         packed = torch.ops.mkl._mkl_reorder_linear_weight(w, M)
-        rates = {}
-        for name, f in [("F.linear", lambda: F.linear(x, w, b)),
-                        ("mkl packed", lambda: torch.ops.mkl._mkl_linear(x, packed, w, b, M)),
-                        ("onednn", lambda: torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], ""))]:
-            rates[name] = 2 * M * K * N / ms(f) / 1e6
+        fns = {"F.linear": lambda: F.linear(x, w, b),
+               "mkl packed": lambda: torch.ops.mkl._mkl_linear(x, packed, w, b, M),
+               "onednn": lambda: torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "")}
+        rates = {k: 2 * M * K * N / s / 1e9 for k, s in time_alternating(fns, 30, 3).items()}
         print(f"  {what:9s} {M}x{K}x{N}: " + "  ".join(f"{k} {v:.0f}" for k, v in rates.items()))
 
 data_dir = os.environ.get("SG_DATA")
